@@ -1,0 +1,176 @@
+"""Community services (writes) and selectors (reads).
+
+Management commands, the admin and `make run` all go through these functions.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
+from buzz.nostr import Signer
+from buzz.runtime import runtime
+
+_HOST_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def normalize_host(host: str) -> str:
+    """Lowercase a Host header value and drop a trailing dot; keep a non-default port."""
+    value = host.strip().lower().rstrip(".")
+    if value.endswith(":80") or value.endswith(":443"):
+        value = value.rsplit(":", 1)[0]
+    return value
+
+
+def _check_host(host: str) -> str:
+    value = normalize_host(host)
+    if not _HOST_RE.match(value):
+        raise ValidationError(f"invalid host {host!r}: expected a host name with an optional :port")
+    return value
+
+
+def check_pubkey(pubkey: str) -> str:
+    if not _HEX64_RE.match(pubkey):
+        raise ValidationError(f"invalid pubkey {pubkey!r}: expected 64 lowercase hex characters")
+    return pubkey
+
+
+def community_create(
+    *,
+    host: str,
+    name: str,
+    public_url: str | None = None,
+    owner: str | None = None,
+    admission: str = AdmissionMode.MEMBERS,
+    description: str = "",
+) -> Community:
+    host = _check_host(host)
+    if not name.strip():
+        raise ValidationError("community name must not be blank")
+    if admission not in AdmissionMode.values:
+        raise ValidationError(f"admission must be one of {', '.join(AdmissionMode.values)}")
+    if owner is not None:
+        check_pubkey(owner)
+    url = public_url or f"ws://{host}/"
+    if not (url.startswith("ws://") or url.startswith("wss://")):
+        raise ValidationError("public URL must start with ws:// or wss://")
+    if Community.objects.filter(host=host).exists():
+        raise ValidationError(f"a community for host {host} already exists")
+    signer = Signer.generate()
+    with transaction.atomic():
+        community = Community(
+            host=host,
+            name=name.strip(),
+            description=description,
+            public_url=url,
+            relay_secret=signer.secret_hex,
+            relay_pubkey=signer.pubkey,
+            admission=admission,
+        )
+        community.full_clean()
+        community.save()
+        if owner is not None:
+            RelayMember.objects.create(community=community, pubkey=owner, role=RelayRole.OWNER)
+    return community
+
+
+def member_add(*, community: Community, pubkey: str, role: str = RelayRole.MEMBER) -> tuple[RelayMember, bool]:
+    """Add a relay member, or change the role of an existing one. Returns (member, created)."""
+    check_pubkey(pubkey)
+    if role not in RelayRole.values:
+        raise ValidationError(f"role must be one of {', '.join(RelayRole.values)}")
+    member, created = RelayMember.objects.update_or_create(
+        community=community, pubkey=pubkey, defaults={"role": role}
+    )
+    return member, created
+
+
+def community_by_host(host: str) -> Community:
+    """Raises Community.DoesNotExist for an unknown host."""
+    return Community.objects.get(host=normalize_host(host))
+
+
+# --- selectors used by the async front and the WebSocket consumer ---------
+
+
+@dataclass(frozen=True, slots=True)
+class CommunityInfo:
+    """The immutable facts about a community that every request needs."""
+
+    id: int
+    host: str
+    name: str
+    description: str
+    public_url: str
+    relay_pubkey: str
+    relay_secret: str
+    admission: str
+
+    @property
+    def signer(self) -> Signer:
+        return Signer(self.relay_secret)
+
+
+class CommunityDirectory:
+    """Host -> community lookup with a short-lived cache (one owner object per process)."""
+
+    def __init__(self, ttl: float = 5.0) -> None:
+        self._ttl = ttl
+        self._cache: dict[str, tuple[float, CommunityInfo | None]] = {}
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    async def lookup(self, host: str) -> CommunityInfo | None:
+        key = normalize_host(host)
+        hit = self._cache.get(key)
+        now = time.monotonic()
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        info = await sync_to_async(_load_info, thread_sensitive=False)(key)
+        self._cache[key] = (now + self._ttl, info)
+        return info
+
+
+def _load_info(host: str) -> CommunityInfo | None:
+    c = Community.objects.filter(host=host).first()
+    if c is None:
+        return None
+    return CommunityInfo(
+        id=c.pk,
+        host=c.host,
+        name=c.name,
+        description=c.description,
+        public_url=c.public_url,
+        relay_pubkey=c.relay_pubkey,
+        relay_secret=c.relay_secret,
+        admission=c.admission,
+    )
+
+
+directory = CommunityDirectory()
+
+
+async def relay_role(community_id: int, pubkey: str) -> str | None:
+    """The relay-level role of pubkey, or None when it is not a relay member."""
+    pool = await runtime.pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT role FROM buzz_relaymember WHERE community_id = %s AND pubkey = %s", (community_id, pubkey)
+        )
+        row = await cur.fetchone()
+    return str(row[0]) if row else None
+
+
+async def admitted(community: CommunityInfo, pubkey: str) -> bool:
+    """NIP-42 admission: members-only communities admit relay members only."""
+    if community.admission == AdmissionMode.OPEN:
+        return True
+    return await relay_role(community.id, pubkey) is not None

@@ -1,0 +1,111 @@
+"""The write entry point shared by WebSocket EVENT and HTTP POST /events.
+
+It runs the checks every event gets (shape, id, signature, limits, time window,
+author = authenticated identity), then hands the event to the service
+registered for its kind. Apps register their kinds in AppConfig.ready(), so
+dependencies keep pointing one way (moderation -> artifacts -> buzz).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from buzz.communities import CommunityInfo
+from buzz.limits import Limits, limits
+from buzz.nostr import Event, ProtocolError, parse_event, verify_event
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who is writing or reading: the authenticated pubkey and what its credential allows."""
+
+    community: CommunityInfo
+    pubkey: str
+    # None: NIP-42 login, which holds every scope and every channel.
+    scopes: frozenset[str] | None = None
+    channels: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    ok: bool
+    message: str
+    # HTTP status for POST /events; the WebSocket sends only ok and message.
+    status: int = 200
+
+    @classmethod
+    def accepted(cls, message: str = "") -> WriteResult:
+        return cls(True, message, 200)
+
+    @classmethod
+    def rejected(cls, message: str) -> WriteResult:
+        prefix = message.split(":", 1)[0]
+        status = {
+            "auth-required": 401,
+            "restricted": 403,
+            "blocked": 403,
+            "rate-limited": 429,
+            "conflict": 409,
+            "error": 500,
+        }.get(prefix, 400)
+        return cls(False, message, status)
+
+
+KindHandler = Callable[[Actor, Event], Awaitable[WriteResult]]
+
+_handlers: dict[int, KindHandler] = {}
+
+
+def register_kind(kind: int, handler: KindHandler) -> None:
+    """Called from AppConfig.ready(); a kind has exactly one service."""
+    if kind in _handlers and _handlers[kind] is not handler:
+        raise RuntimeError(f"kind {kind} already has a handler")
+    _handlers[kind] = handler
+
+
+def accepted_kinds() -> list[int]:
+    return sorted(_handlers)
+
+
+def event_id_of(raw: object) -> str:
+    """The id to echo in OK, taken from the raw value when it looks like one."""
+    if isinstance(raw, dict):
+        value = raw.get("id")
+        if isinstance(value, str) and len(value) <= 64:
+            return value
+    return ""
+
+
+def check_event(raw: object, lim: Limits | None = None, now: int | None = None) -> Event:
+    """Shape, limits, id and signature, and the created_at window. Raises ProtocolError."""
+    lim = lim or limits()
+    event = parse_event(raw, max_tags=lim.max_event_tags, max_content_bytes=lim.max_content_length)
+    verify_event(event)
+    now = int(time.time()) if now is None else now
+    if event.created_at < now - lim.created_at_lower_limit:
+        raise ProtocolError(f"invalid: created_at is more than {lim.created_at_lower_limit} seconds in the past")
+    if event.created_at > now + lim.created_at_upper_limit:
+        raise ProtocolError(f"invalid: created_at is more than {lim.created_at_upper_limit} seconds in the future")
+    return event
+
+
+async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
+    """Validate and store one event. Returns (event id for OK, result)."""
+    event_id = event_id_of(raw)
+    if actor is None:
+        return event_id, WriteResult.rejected("auth-required: authenticate with NIP-42 AUTH first")
+    try:
+        event = check_event(raw)
+    except ProtocolError as err:
+        return event_id, WriteResult.rejected(err.reason)
+    if event.pubkey != actor.pubkey:
+        return event.id, WriteResult.rejected("invalid: event pubkey is not the authenticated pubkey")
+    handler = _handlers.get(event.kind)
+    if handler is None:
+        return event.id, WriteResult.rejected(f"blocked: kind {event.kind} is not accepted by this relay")
+    try:
+        return event.id, await handler(actor, event)
+    except ProtocolError as err:
+        return event.id, WriteResult.rejected(err.reason)

@@ -1,0 +1,87 @@
+"""`manage.py community ...`: create communities, admit members, list them."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from buzz.communities import community_by_host, community_create, member_add, normalize_host
+from buzz.models import AdmissionMode, Community, RelayRole
+
+
+class Command(BaseCommand):
+    help = "Manage communities (one per Host) and their relay members."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+        def add(name: str, help_text: str) -> argparse.ArgumentParser:
+            p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+            return p
+
+        create = add("create", "Create a community served at a host name.")
+        create.add_argument("--host", required=True, help="Host header clients send, e.g. relay.example.com")
+        create.add_argument("--name", required=True, help="display name")
+        create.add_argument("--owner", help="pubkey (64 lowercase hex) to admit as relay owner")
+        create.add_argument("--public-url", help="ws:// or wss:// URL clients use (default ws://HOST/)")
+        create.add_argument("--admission", choices=AdmissionMode.values, default=AdmissionMode.MEMBERS)
+        create.add_argument("--description", default="")
+
+        addm = add("add-member", "Admit a pubkey to a community, or change its role.")
+        addm.add_argument("--host", required=True)
+        addm.add_argument("pubkey", help="64 lowercase hex")
+        addm.add_argument("--role", choices=RelayRole.values, default=RelayRole.MEMBER)
+
+        add("list", "List communities with their public URL, relay pubkey and member count.")
+
+        local = add("ensure-local", "Make sure a community exists for localhost (used by `make run`).")
+        local.add_argument("--port", type=int, default=7777)
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            getattr(self, "_" + opts["action"].replace("-", "_"))(opts)
+        except ValidationError as err:
+            raise CommandError("; ".join(err.messages)) from None
+
+    def _create(self, opts: dict[str, Any]) -> None:
+        c = community_create(
+            host=opts["host"],
+            name=opts["name"],
+            owner=opts.get("owner"),
+            public_url=opts.get("public_url"),
+            admission=opts["admission"],
+            description=opts["description"],
+        )
+        self.stdout.write(f"created community {c.name!r} at {c.host} ({c.public_url}), relay pubkey {c.relay_pubkey}")
+
+    def _add_member(self, opts: dict[str, Any]) -> None:
+        try:
+            community = community_by_host(opts["host"])
+        except Community.DoesNotExist:
+            raise CommandError(f"no community for host {normalize_host(opts['host'])}") from None
+        member, created = member_add(community=community, pubkey=opts["pubkey"], role=opts["role"])
+        verb = "added" if created else "updated"
+        self.stdout.write(f"{verb} {member.pubkey} as {member.role} of {community.host}")
+
+    def _list(self, opts: dict[str, Any]) -> None:
+        rows = Community.objects.order_by("host")
+        if not rows:
+            self.stdout.write("no communities yet: manage.py community create --host H --name N")
+        for c in rows:
+            self.stdout.write(
+                f"{c.host}\t{c.name}\t{c.public_url}\t{c.admission}\t{c.members.count()} members\t{c.relay_pubkey}"
+            )
+
+    def _ensure_local(self, opts: dict[str, Any]) -> None:
+        port = opts["port"]
+        host = f"localhost:{port}"
+        if not Community.objects.filter(host=host).exists():
+            community_create(host=host, name="Local Buzz", public_url=f"ws://{host}/")
+            self.stdout.write(f"created community for {host}")
+        self.stdout.write(
+            f"relay URL: ws://localhost:{port}/  (members only: admit your pubkey with\n"
+            f"  .venv/bin/python manage.py community add-member --host localhost:{port} <pubkey-hex> --role owner)"
+        )

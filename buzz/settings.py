@@ -1,0 +1,144 @@
+"""Settings for the Buzz artifact relay.
+
+The environment is read here and nowhere else. Outside dev mode every secret and
+every connection string is required: a missing one stops start-up instead of
+falling back to something unsafe.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import django_stubs_ext
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+# Lets the admin classes be written with type parameters (ModelAdmin[Model]).
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEV_MODE: bool = env.bool("BUZZ_DEV", default=False)
+
+
+def _required(name: str) -> str:
+    value = env.str(name, default="")
+    if not value:
+        raise ImproperlyConfigured(f"{name} must be set (BUZZ_DEV is off, so there is no default)")
+    return value
+
+
+if DEV_MODE:
+    SECRET_KEY = env.str("SECRET_KEY", default="") or secrets.token_urlsafe(50)
+    ALLOWED_HOSTS: list[str] = env.list("ALLOWED_HOSTS", default=["*"])
+else:
+    SECRET_KEY = _required("SECRET_KEY")
+    ALLOWED_HOSTS = [h for h in env.list("ALLOWED_HOSTS", default=[]) if h]
+    if not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS:
+        raise ImproperlyConfigured("ALLOWED_HOSTS must list the relay's host names outside dev mode")
+
+DEBUG: bool = DEV_MODE and env.bool("DJANGO_DEBUG", default=False)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "buzz",
+    "artifacts",
+    "moderation",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "buzz.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "buzz.asgi.application"
+
+# `make run` and the test suite start embedded servers and set these when they are unset.
+DATABASE_URL = _required("DATABASE_URL")
+DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
+DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="test_buzz")}
+
+REDIS_URL: str = _required("REDIS_URL")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+SESSION_COOKIE_SECURE = not DEV_MODE
+CSRF_COOKIE_SECURE = not DEV_MODE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}
+
+# Relay protocol limits. Each one is enforced by the relay and advertised in NIP-11.
+BUZZ_LIMITS = {
+    "max_message_length": env.int("BUZZ_MAX_MESSAGE_LENGTH", default=512 * 1024),
+    "max_subscriptions": env.int("BUZZ_MAX_SUBSCRIPTIONS", default=32),
+    "max_filters": env.int("BUZZ_MAX_FILTERS", default=16),
+    "max_limit": env.int("BUZZ_MAX_LIMIT", default=1000),
+    "default_limit": env.int("BUZZ_DEFAULT_LIMIT", default=500),
+    "max_subid_length": env.int("BUZZ_MAX_SUBID_LENGTH", default=64),
+    "max_event_tags": env.int("BUZZ_MAX_EVENT_TAGS", default=256),
+    "max_content_length": env.int("BUZZ_MAX_CONTENT_LENGTH", default=256 * 1024),
+    "created_at_lower_limit": env.int("BUZZ_CREATED_AT_PAST", default=900),
+    "created_at_upper_limit": env.int("BUZZ_CREATED_AT_FUTURE", default=900),
+    "auth_window": env.int("BUZZ_AUTH_WINDOW", default=600),
+    "http_auth_window": env.int("BUZZ_HTTP_AUTH_WINDOW", default=60),
+    # Outbound queue per connection: a client that stops reading is cut off at this bound.
+    "outbound_max_messages": env.int("BUZZ_OUTBOUND_MAX_MESSAGES", default=1024),
+    "outbound_max_bytes": env.int("BUZZ_OUTBOUND_MAX_BYTES", default=4 * 1024 * 1024),
+}
+
+BUZZ_SOFTWARE = "https://github.com/buzz-artifact-relay"
+BUZZ_VERSION = "0.1.0"
+
+# Async PostgreSQL pool for the relay's hot paths (buzz.runtime).
+BUZZ_DB_POOL = {
+    "min_size": env.int("BUZZ_DB_POOL_MIN", default=2),
+    "max_size": env.int("BUZZ_DB_POOL_MAX", default=10),
+    "timeout": env.float("BUZZ_DB_POOL_TIMEOUT", default=10.0),
+}

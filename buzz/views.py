@@ -1,0 +1,37 @@
+"""HTTP views. Thin: parse, call one service or selector, render."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from buzz.communities import CommunityInfo
+from buzz.nip11 import relay_document
+
+NOSTR_JSON = "application/nostr+json"
+
+
+def community_of(request: HttpRequest) -> CommunityInfo:
+    community: CommunityInfo = request.scope["community"]  # type: ignore[attr-defined]
+    return community
+
+
+def _cors(response: HttpResponse) -> HttpResponse:
+    # NIP-11: the document must be readable cross-origin.
+    response["Access-Control-Allow-Origin"] = "*"
+    response["Access-Control-Allow-Headers"] = "*"
+    response["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    response["Vary"] = "Accept"
+    return response
+
+
+@require_GET
+def root(request: HttpRequest) -> HttpResponse:
+    community = community_of(request)
+    if NOSTR_JSON in request.headers.get("Accept", ""):
+        response: HttpResponse = JsonResponse(relay_document(community), content_type=NOSTR_JSON)
+        return _cors(response)
+    response = render(request, "buzz/landing.html", {"community": community, "doc": relay_document(community)})
+    response["Vary"] = "Accept"
+    return response

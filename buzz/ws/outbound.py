@@ -1,0 +1,119 @@
+"""The bounded outbound queue of one WebSocket connection.
+
+One writer task drains it and awaits the server's send(), which under uvicorn
+waits while the transport is paused. So a client that stops reading fills this
+queue, and the queue refuses more instead of growing (DESIGN.md, daphne fact).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+
+
+class QueueFull(Exception):
+    """The queue is at its bound; nothing was queued."""
+
+
+class Outbound:
+    def __init__(self, send_text: Callable[[str], Awaitable[None]], *, max_messages: int, max_bytes: int) -> None:
+        self._send_text = send_text
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._items: collections.deque[str] = collections.deque()
+        # Bytes queued plus the bytes of the frame the writer is sending now.
+        self._bytes = 0
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def queued_messages(self) -> int:
+        return len(self._items)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._writer(), name="ws-writer")
+
+    def _fits(self, size: int) -> bool:
+        if not self._items and self._bytes == 0:
+            return True  # one frame always fits, however large (the event size limit bounds it)
+        return len(self._items) < self.max_messages and self._bytes + size <= self.max_bytes
+
+    def try_put(self, text: str) -> None:
+        """Queue text or raise QueueFull; never waits, never grows past the bound."""
+        if self._closed:
+            raise QueueFull("connection closing")
+        size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+        if not self._fits(size):
+            raise QueueFull("outbound queue full")
+        self._push(text, size)
+
+    async def put(self, text: str, *, timeout: float) -> None:
+        """Queue text, waiting up to timeout for room; raise QueueFull when there is none."""
+        size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self._closed:
+                raise QueueFull("connection closing")
+            if self._fits(size):
+                self._push(text, size)
+                return
+            self._space.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise QueueFull("outbound queue full")
+            try:
+                await asyncio.wait_for(self._space.wait(), remaining)
+            except TimeoutError:
+                raise QueueFull("outbound queue full") from None
+
+    def _push(self, text: str, size: int) -> None:
+        self._items.append(text)
+        self._bytes += size
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        while not self._closed:
+            if not self._items:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            text = self._items.popleft()
+            size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+            try:
+                await self._send_text(text)
+            finally:
+                self._bytes -= size
+                self._space.set()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until everything queued has been handed to the server (used before a close)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (self._items or self._bytes) and loop.time() < deadline:
+            self._space.clear()
+            try:
+                await asyncio.wait_for(self._space.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return
+
+    async def close(self) -> None:
+        self._closed = True
+        self._items.clear()
+        self._wake.set()
+        self._space.set()
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: S110 - the writer's end is not an error
+                pass
