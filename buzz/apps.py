@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class BuzzConfig(AppConfig):
     name = "buzz"
     verbose_name = "Buzz relay"
+
+    def ready(self) -> None:
+        from buzz import messages
+
+        messages.register()

@@ -95,9 +95,9 @@ def _matches_nothing(f: Filter) -> bool:
 
 async def query_events(
     community_id: int, filters: Iterable[Filter], *, readable_channels: Sequence[uuid.UUID] = ()
-) -> list[str]:
-    """Stored events matching any filter, newest first per filter, each event once."""
-    out: list[str] = []
+) -> list[tuple[str, str]]:
+    """(id, raw JSON) of stored events matching any filter, newest first per filter, each event once."""
+    out: list[tuple[str, str]] = []
     seen: set[str] = set()
     pool = await runtime.pool()
     async with pool.connection() as conn:
@@ -112,7 +112,7 @@ async def query_events(
             for raw, event_id in await cur.fetchall():
                 if event_id not in seen:
                     seen.add(event_id)
-                    out.append(raw)
+                    out.append((event_id, raw))
     return out
 
 

@@ -8,6 +8,7 @@ dependencies keep pointing one way (moderation -> artifacts -> buzz).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from buzz.communities import CommunityInfo
 from buzz.limits import Limits, limits
 from buzz.nostr import Event, ProtocolError, parse_event, verify_event
+from buzz.quotas import take_write_token
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,8 @@ class Actor:
     # None: NIP-42 login, which holds every scope and every channel.
     scopes: frozenset[str] | None = None
     channels: frozenset[str] | None = None
+    # The ApiToken row behind a bearer credential; the policy re-checks it on every decision.
+    token_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,12 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
     handler = _handlers.get(event.kind)
     if handler is None:
         return event.id, WriteResult.rejected(f"blocked: kind {event.kind} is not accepted by this relay")
+    try:
+        if not await take_write_token(actor.community.id, actor.pubkey):
+            return event.id, WriteResult.rejected("rate-limited: slow down, too many writes from this pubkey")
+    except Exception:
+        log.exception("write quota check failed")
+        return event.id, WriteResult.rejected("error: could not check the write quota, try again")
     try:
         return event.id, await handler(actor, event)
     except ProtocolError as err:

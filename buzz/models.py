@@ -97,3 +97,168 @@ class EventTag(models.Model):
     class Meta:
         # Hash, not btree: a tag value may be longer than a btree entry allows.
         indexes = [HashIndex(fields=["value"], name="event_tag_value")]
+
+
+# --- channels (NIP-29 groups) ------------------------------------------------
+
+
+class Visibility(models.TextChoices):
+    OPEN = "open", "open"
+    PRIVATE = "private", "private"
+
+
+class ChannelType(models.TextChoices):
+    STREAM = "stream", "stream"
+    FORUM = "forum", "forum"
+    DM = "dm", "direct message"
+    WORKFLOW = "workflow", "workflow"
+
+
+class ChannelRole(models.TextChoices):
+    OWNER = "owner", "owner"
+    ADMIN = "admin", "admin"
+    MEMBER = "member", "member"
+    GUEST = "guest", "guest"
+    BOT = "bot", "bot"
+
+
+class Channel(models.Model):
+    """A NIP-29 group. Its id is the client-chosen UUID of its `h` tag, unique within a community."""
+
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="channels")
+    uuid = models.UUIDField()
+    name = models.CharField(max_length=200)
+    about = models.TextField(blank=True, default="")
+    topic = models.CharField(max_length=500, blank=True, default="")
+    purpose = models.CharField(max_length=500, blank=True, default="")
+    visibility = models.CharField(max_length=8, choices=Visibility.choices, default=Visibility.OPEN)
+    listed = models.BooleanField(default=True, help_text="unlisted open channels are readable but not discovered")
+    type = models.CharField(max_length=10, choices=ChannelType.choices, default=ChannelType.STREAM)
+    ttl_seconds = models.PositiveIntegerField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True, help_text="TTL channels: archived by the reaper after this")
+    created_by = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["community", "uuid"], name="channel_uuid_unique")]
+        ordering = ["community", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.uuid})"
+
+
+class Membership(models.Model):
+    """A channel membership. A removal sets removed_at; the row stays (incremental reads replay it)."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="memberships")
+    pubkey = models.CharField(max_length=64, validators=[HEX64])
+    role = models.CharField(max_length=8, choices=ChannelRole.choices, default=ChannelRole.MEMBER)
+    joined_at = models.DateTimeField(auto_now_add=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+    # Read state: the channel's message_count when this member last read (or posted).
+    # Unread = ChannelStats.message_count - read_mark, so a message costs O(1) writes.
+    read_mark = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "pubkey"], condition=models.Q(removed_at__isnull=True), name="membership_active_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["pubkey", "channel"], name="membership_by_pubkey")]
+
+    def __str__(self) -> str:
+        return f"{self.pubkey[:12]}… in {self.channel_id} ({self.role})"
+
+
+class Ban(models.Model):
+    """Relay-level ban: every write is `blocked:`; reads are refused too."""
+
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="bans")
+    pubkey = models.CharField(max_length=64, validators=[HEX64])
+    reason = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["community", "pubkey"], name="ban_lookup")]
+
+    def __str__(self) -> str:
+        return f"ban {self.pubkey[:12]}…"
+
+
+class Timeout(models.Model):
+    """Relay-level timeout: writes are `restricted:` until `until`; reads continue."""
+
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="timeouts")
+    pubkey = models.CharField(max_length=64, validators=[HEX64])
+    until = models.DateTimeField()
+    reason = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["community", "pubkey", "until"], name="timeout_lookup")]
+
+    def __str__(self) -> str:
+        return f"timeout {self.pubkey[:12]}… until {self.until:%Y-%m-%d %H:%M}"
+
+
+class ApiToken(models.Model):
+    """A bearer credential for a pubkey, limited to scopes and optionally to channels. Stored hashed."""
+
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="tokens")
+    pubkey = models.CharField(max_length=64, validators=[HEX64])
+    name = models.CharField(max_length=200, blank=True, default="")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="first characters of the token, to recognise it")
+    scopes = models.JSONField(default=list)
+    channels = models.JSONField(null=True, blank=True, help_text="channel UUIDs; null means every channel")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.pubkey[:12]}…"
+
+
+# --- message counters ----------------------------------------------------------
+
+
+class ChannelStats(models.Model):
+    """Per-channel counters. Only kind-9 messages move them; artifact revisions never do."""
+
+    channel = models.OneToOneField(Channel, on_delete=models.CASCADE, primary_key=True, related_name="stats")
+    message_count = models.PositiveBigIntegerField(default=0)
+    last_message_at = models.DateTimeField(null=True, blank=True)
+
+
+class ThreadStats(models.Model):
+    """Reply count per thread root (NIP-10 `root` marker)."""
+
+    community = models.ForeignKey(Community, on_delete=models.CASCADE)
+    root_id = models.CharField(max_length=64)
+    channel_id = models.UUIDField()
+    reply_count = models.PositiveBigIntegerField(default=0)
+    last_reply_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["community", "root_id"], name="thread_root_unique")]
+
+
+class Mention(models.Model):
+    """A `p` tag naming a pubkey in a channel event: the mention/notification record."""
+
+    community = models.ForeignKey(Community, on_delete=models.CASCADE)
+    pubkey = models.CharField(max_length=64)
+    event_id = models.CharField(max_length=64)
+    channel_id = models.UUIDField()
+    kind = models.IntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["event_id", "pubkey"], name="mention_unique")]
+        indexes = [models.Index(fields=["community", "pubkey", "-created_at"], name="mention_inbox")]

@@ -1,4 +1,4 @@
-"""Process-wide resources with one owner: the async PostgreSQL pool.
+"""Process-wide resources with one owner: the async PostgreSQL pool and the Redis client.
 
 Hot paths (ingest, reads on the WebSocket) use async psycopg from this pool
 instead of the ORM through `sync_to_async`, whose default thread-sensitive mode
@@ -14,6 +14,10 @@ from django.conf import settings
 from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
+
+from buzz.live.hub import Hub
+from buzz.live.publisher import Publisher
 
 
 def conninfo_from_settings() -> str:
@@ -39,6 +43,11 @@ class Runtime:
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
+        self._redis: Redis | None = None
+        self._redis_loop: asyncio.AbstractEventLoop | None = None
+        self._hub: Hub | None = None
+        self._publisher: Publisher | None = None
+        self._hub_loop: asyncio.AbstractEventLoop | None = None
 
     async def pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         loop = asyncio.get_running_loop()
@@ -64,10 +73,42 @@ class Runtime:
         assert self._pool is not None
         return self._pool
 
+    def redis(self) -> Redis:
+        """A command (non-pub/sub) client for the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._redis is None or self._redis_loop is not loop:
+            self._redis = Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+            self._redis_loop = loop
+        return self._redis
+
+    def _live(self) -> tuple[Hub, Publisher]:
+        loop = asyncio.get_running_loop()
+        if self._hub is None or self._publisher is None or self._hub_loop is not loop:
+            self._hub = Hub(settings.REDIS_URL, prefix=settings.BUZZ_REDIS_PREFIX)
+            self._publisher = Publisher(self._hub)
+            self._hub_loop = loop
+        return self._hub, self._publisher
+
+    def hub(self) -> Hub:
+        """The node's one pub/sub connection (buzz.live.hub)."""
+        return self._live()[0]
+
+    def publisher(self) -> Publisher:
+        """Publishes after commit and retries until Redis takes it."""
+        return self._live()[1]
+
     async def aclose(self) -> None:
+        hub, publisher, self._hub, self._publisher = self._hub, self._publisher, None, None
+        if publisher is not None:
+            await publisher.flush(timeout=5.0)
+        if hub is not None:
+            await hub.aclose()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+        client, self._redis = self._redis, None
+        if client is not None:
+            await client.aclose()
 
 
 runtime = Runtime()

@@ -8,6 +8,7 @@ from typing import Any
 from channels.consumer import AsyncConsumer
 from channels.exceptions import StopConsumer
 
+from buzz.tokens import authenticate_bearer
 from buzz.ws.session import Session
 
 log = logging.getLogger(__name__)
@@ -18,7 +19,15 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
         community = self.scope["community"]
-        self.session = Session(community=community, send_text=self._send_text, close=self._close)
+        actor = None
+        header = _header(self.scope, b"authorization")
+        if header is not None:
+            # A bearer token on the upgrade authenticates the whole connection; a bad one is refused outright.
+            actor = await authenticate_bearer(community, header)
+            if actor is None:
+                await self.send({"type": "websocket.close", "code": 1008})
+                raise StopConsumer()
+        self.session = Session(community=community, send_text=self._send_text, close=self._close, actor=actor)
         await self.send({"type": "websocket.accept"})
         await self.session.open()
 
@@ -42,3 +51,10 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
         if self.session is not None:
             await self.session.shutdown()
         await self.send({"type": "websocket.close", "code": code})
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None

@@ -9,39 +9,37 @@ relay hold more (rule 5 / rule 8 of NIP-AR Sync depend on this bound).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from buzz.communities import CommunityInfo, admitted
-from buzz.events import count_events, query_events
+from buzz.events import count_events
 from buzz.ingest import Actor, event_id_of, ingest
 from buzz.limits import Limits, limits
 from buzz.nostr import ProtocolError, parse_event, verify_auth_event
+from buzz.policy import check_read, parse_channel_id, readable_channels
 from buzz.ws.frames import (
     AuthFrame,
     CloseFrame,
     CountFrame,
     EventFrame,
+    Filter,
     FrameError,
     FrameLimits,
     ReqFrame,
     parse_frame,
 )
 from buzz.ws.outbound import Outbound, QueueFull
+from buzz.ws.subscription import ReqSubscription, dumps
 
 log = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 section 7.4.1).
 CLOSE_TRY_AGAIN = 1013  # the client stopped reading and the outbound bound was reached
-STORED_SEND_TIMEOUT = 10.0  # seconds a REQ may wait for room while streaming stored events
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def frame_limits(lim: Limits) -> FrameLimits:
@@ -73,7 +71,7 @@ class Session:
         )
         self._close = close
         self._closing = False
-        self.subscriptions: dict[str, asyncio.Task[None]] = {}
+        self.subscriptions: dict[str, ReqSubscription] = {}
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -83,15 +81,10 @@ class Session:
 
     async def shutdown(self) -> None:
         self._closing = True
-        tasks = list(self.subscriptions.values())
+        subs = list(self.subscriptions.values())
         self.subscriptions.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: S110 - ending subscriptions on disconnect
-                pass
+        for sub in subs:
+            await sub.close()
         await self.outbound.close()
 
     def reply(self, message: list[Any]) -> bool:
@@ -121,9 +114,9 @@ class Session:
         if isinstance(frame, EventFrame):
             await self._event(frame)
         elif isinstance(frame, ReqFrame):
-            self._req(frame)
+            await self._req(frame)
         elif isinstance(frame, CloseFrame):
-            self._close_sub(frame.sub_id)
+            await self._close_sub(frame.sub_id)
         elif isinstance(frame, AuthFrame):
             await self._auth(frame)
         elif isinstance(frame, CountFrame):
@@ -165,55 +158,82 @@ class Session:
         event_id, result = await ingest(self.actor, frame.event)
         self.reply(["OK", event_id, result.ok, result.message])
 
-    def _req(self, frame: ReqFrame) -> None:
+    async def _channels_for(self, sub_id: str, filters: tuple[Filter, ...]) -> list[uuid.UUID] | None:
+        """The channels a REQ/COUNT covers, or None after replying CLOSED.
+
+        A filter with #h names its channels, and each must be readable (one
+        answer for missing and unreadable); a filter without #h covers every
+        channel the reader can read that is listed or joined.
+        """
+        assert self.actor is not None
+        named: set[uuid.UUID] = set()
+        wide = False
+        for f in filters:
+            values = f.tag_values("h")
+            if values is None:
+                wide = True
+                continue
+            for value in values:
+                channel = parse_channel_id(value)
+                if channel is None:
+                    self.reply(["CLOSED", sub_id, "invalid: #h values must be lowercase channel UUIDs"])
+                    return None
+                named.add(channel)
+        try:
+            for channel in sorted(named):
+                decision = await check_read(self.actor, channel)
+                if not decision.ok:
+                    self.reply(["CLOSED", sub_id, decision.reason])
+                    return None
+            if wide:
+                named.update(await readable_channels(self.actor))
+        except Exception:
+            log.exception("access check failed")
+            self.reply(["CLOSED", sub_id, "error: could not check channel access, try again"])
+            return None
+        return sorted(named)
+
+    async def _req(self, frame: ReqFrame) -> None:
         if self.actor is None:
             self.reply(["CLOSED", frame.sub_id, "auth-required: authenticate with NIP-42 AUTH first"])
             return
         previous = self.subscriptions.pop(frame.sub_id, None)
         if previous is not None:
             # NIP-01: a REQ with an open subscription id replaces that subscription.
-            previous.cancel()
+            await previous.close()
         elif len(self.subscriptions) >= self.limits.max_subscriptions:
             self.reply(
                 ["CLOSED", frame.sub_id, f"blocked: at most {self.limits.max_subscriptions} open subscriptions"]
             )
             return
-        task = asyncio.get_running_loop().create_task(self._run_req(frame), name=f"req:{frame.sub_id}")
-        self.subscriptions[frame.sub_id] = task
+        channels = await self._channels_for(frame.sub_id, frame.filters)
+        if channels is None or self._closing:
+            return
+        sub = ReqSubscription(self, frame.sub_id, frame.filters, channels)
+        self.subscriptions[frame.sub_id] = sub
+        sub.start()
 
-    async def _run_req(self, frame: ReqFrame) -> None:
-        assert self.actor is not None
-        try:
-            rows = await query_events(self.community.id, frame.filters, readable_channels=())
-            for raw in rows:
-                await self.outbound.put(f'["EVENT",{dumps(frame.sub_id)},{raw}]', timeout=STORED_SEND_TIMEOUT)
-            await self.outbound.put(dumps(["EOSE", frame.sub_id]), timeout=STORED_SEND_TIMEOUT)
-        except asyncio.CancelledError:
-            raise
-        except QueueFull:
-            self._drop_sub(frame.sub_id)
-            self.abort()
-        except Exception:
-            log.exception("REQ failed")
-            self._drop_sub(frame.sub_id)
-            self.reply(["CLOSED", frame.sub_id, "error: the query failed"])
+    def subscription_ended(self, sub: ReqSubscription, reason: str) -> None:
+        """The relay ends a subscription: CLOSED with reason, then it is forgotten."""
+        if self.subscriptions.get(sub.sub_id) is sub:
+            del self.subscriptions[sub.sub_id]
+        asyncio.get_running_loop().create_task(sub.close())
+        self.reply(["CLOSED", sub.sub_id, reason])
 
-    def _drop_sub(self, sub_id: str) -> None:
-        task = self.subscriptions.get(sub_id)
-        if task is asyncio.current_task():
-            del self.subscriptions[sub_id]
-
-    def _close_sub(self, sub_id: str) -> None:
-        task = self.subscriptions.pop(sub_id, None)
-        if task is not None:
-            task.cancel()
+    async def _close_sub(self, sub_id: str) -> None:
+        sub = self.subscriptions.pop(sub_id, None)
+        if sub is not None:
+            await sub.close()
 
     async def _count(self, frame: CountFrame) -> None:
         if self.actor is None:
             self.reply(["CLOSED", frame.sub_id, "auth-required: authenticate with NIP-42 AUTH first"])
             return
+        channels = await self._channels_for(frame.sub_id, frame.filters)
+        if channels is None:
+            return
         try:
-            n = await count_events(self.community.id, frame.filters, readable_channels=())
+            n = await count_events(self.community.id, frame.filters, readable_channels=channels)
         except Exception:
             log.exception("COUNT failed")
             self.reply(["CLOSED", frame.sub_id, "error: the count failed"])

@@ -1,0 +1,121 @@
+"""Signed HTTP endpoints (NIP-98 or bearer token): POST /events, and a member's counters.
+
+Views are thin: authenticate, call one service or selector, answer JSON with the
+same reason texts as the WebSocket.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from buzz import counters
+from buzz.httpauth import AuthFailure, authenticate
+from buzz.ingest import ingest
+from buzz.policy import check_read, parse_channel_id
+from buzz.views import community_of
+
+MAX_BODY = 1024 * 1024
+
+
+def _error(reason: str, status: int) -> JsonResponse:
+    return JsonResponse({"error": reason}, status=status)
+
+
+async def _actor_or_error(request: HttpRequest, body: bytes) -> Any:
+    try:
+        return await authenticate(request, community_of(request), body)
+    except AuthFailure as err:
+        return _error(err.reason, err.status)
+
+
+@csrf_exempt
+async def post_event(request: HttpRequest) -> JsonResponse:
+    if request.method != "POST":
+        return _error("invalid: use POST", 405)
+    body = request.body
+    if len(body) > MAX_BODY:
+        return _error(f"invalid: body larger than {MAX_BODY} bytes", 413)
+    actor = await _actor_or_error(request, body)
+    if isinstance(actor, JsonResponse):
+        return actor
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return JsonResponse({"event_id": "", "accepted": False, "message": "invalid: body is not JSON"}, status=400)
+    event_id, result = await ingest(actor, raw)
+    return JsonResponse(
+        {"event_id": event_id, "accepted": result.ok, "message": result.message},
+        status=200 if result.ok else result.status,
+    )
+
+
+async def _readable_channel(request: HttpRequest, channel_id: str) -> tuple[Any, uuid.UUID | None]:
+    actor = await _actor_or_error(request, b"")
+    if isinstance(actor, JsonResponse):
+        return actor, None
+    channel = parse_channel_id(channel_id)
+    if channel is None:
+        return _error("invalid: channel id must be a lowercase UUID", 400), None
+    decision = await check_read(actor, channel)
+    if not decision.ok:
+        # The same answer for a missing and an unreadable channel.
+        return _error(decision.reason, 403 if decision.reason.startswith("restricted") else 401), None
+    return actor, channel
+
+
+async def channel_counts(request: HttpRequest, channel_id: str) -> JsonResponse:
+    """Messages in the channel, and the caller's unread count there."""
+    if request.method != "GET":
+        return _error("invalid: use GET", 405)
+    actor, channel = await _readable_channel(request, channel_id)
+    if channel is None:
+        return actor  # type: ignore[no-any-return]
+    return JsonResponse(await counters.channel_counts(actor, channel))
+
+
+@csrf_exempt
+async def mark_read(request: HttpRequest, channel_id: str) -> JsonResponse:
+    if request.method != "POST":
+        return _error("invalid: use POST", 405)
+    actor, channel = await _readable_channel(request, channel_id)
+    if channel is None:
+        return actor  # type: ignore[no-any-return]
+    return JsonResponse(await counters.mark_read(actor, channel))
+
+
+async def thread_counts(request: HttpRequest, channel_id: str, root_id: str) -> JsonResponse:
+    if request.method != "GET":
+        return _error("invalid: use GET", 405)
+    actor, channel = await _readable_channel(request, channel_id)
+    if channel is None:
+        return actor  # type: ignore[no-any-return]
+    return JsonResponse(await counters.thread_counts(actor, channel, root_id))
+
+
+async def unread(request: HttpRequest) -> JsonResponse:
+    """Unread counts for every channel the caller is a member of."""
+    if request.method != "GET":
+        return _error("invalid: use GET", 405)
+    actor = await _actor_or_error(request, b"")
+    if isinstance(actor, JsonResponse):
+        return actor
+    return JsonResponse({"channels": await counters.unread_counts(actor)})
+
+
+async def mentions(request: HttpRequest) -> JsonResponse:
+    """The caller's mention records, newest first, only from channels it can still read."""
+    if request.method != "GET":
+        return _error("invalid: use GET", 405)
+    actor = await _actor_or_error(request, b"")
+    if isinstance(actor, JsonResponse):
+        return actor
+    try:
+        limit = min(max(int(request.GET.get("limit", "100")), 1), 1000)
+    except ValueError:
+        return _error("invalid: limit must be an integer", 400)
+    return JsonResponse({"mentions": await counters.mentions_for(actor, limit=limit)})

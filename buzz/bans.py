@@ -1,0 +1,39 @@
+"""Relay-level bans and timeouts (services). A ban also ends the pubkey's live subscriptions."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import transaction
+from django.utils import timezone
+
+from buzz.channels import signal_channels_of
+from buzz.communities import check_pubkey
+from buzz.models import Ban, Community, Timeout
+
+
+def ban_add(*, community: Community, pubkey: str, reason: str = "", duration: dt.timedelta | None = None) -> Ban:
+    check_pubkey(pubkey)
+    with transaction.atomic():
+        ban = Ban.objects.create(
+            community=community,
+            pubkey=pubkey,
+            reason=reason,
+            expires_at=timezone.now() + duration if duration else None,
+        )
+        # Reads are refused to a banned pubkey: its open subscriptions re-check and end.
+        signal_channels_of(community, pubkey, why="ban")
+    return ban
+
+
+def ban_lift(*, community: Community, pubkey: str) -> int:
+    return Ban.objects.filter(community=community, pubkey=pubkey, lifted_at__isnull=True).update(
+        lifted_at=timezone.now()
+    )
+
+
+def timeout_add(*, community: Community, pubkey: str, duration: dt.timedelta, reason: str = "") -> Timeout:
+    check_pubkey(pubkey)
+    if duration <= dt.timedelta(0):
+        raise ValueError("a timeout needs a positive duration")
+    return Timeout.objects.create(community=community, pubkey=pubkey, until=timezone.now() + duration, reason=reason)

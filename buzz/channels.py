@@ -1,0 +1,426 @@
+"""Channel services: NIP-29 group state changes, shared by events, the admin and management commands.
+
+Every function here is synchronous ORM code run in one transaction. Each one
+refreshes the relay-signed state events (39000 metadata, 39001 admins, 39002
+members) and, after commit, signals live subscribers that access may have
+changed (buzz.live).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from buzz.live.hub import topic_for_channel
+from buzz.live.publisher import publish_on_commit
+from buzz.models import (
+    Channel,
+    ChannelRole,
+    ChannelStats,
+    ChannelType,
+    Community,
+    EventTag,
+    Membership,
+    StoredEvent,
+    Visibility,
+)
+from buzz.nostr import Event, Signer
+
+KIND_GROUP_METADATA = 39000
+KIND_GROUP_ADMINS = 39001
+KIND_GROUP_MEMBERS = 39002
+STATE_KINDS = (KIND_GROUP_METADATA, KIND_GROUP_ADMINS, KIND_GROUP_MEMBERS)
+DM_MIN, DM_MAX = 2, 9
+
+
+class ChannelError(Exception):
+    """A refused change. `reason` is the client-facing NIP-01 reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class AccessSignal:
+    """Published after commit on the channel topic: subscribers re-check their access."""
+
+    channel: uuid.UUID
+    why: str
+
+    def message(self) -> dict[str, str]:
+        return {"t": "access", "channel": str(self.channel), "why": self.why}
+
+
+def _signal_access(channel: Channel, why: str) -> None:
+    publish_on_commit(
+        settings.REDIS_URL,
+        topic_for_channel(channel.community_id, str(channel.uuid)),
+        AccessSignal(channel.uuid, why).message(),
+    )
+
+
+def active_members(channel: Channel) -> list[Membership]:
+    return list(channel.memberships.filter(removed_at__isnull=True).order_by("joined_at", "id"))
+
+
+def active_membership(channel: Channel, pubkey: str) -> Membership | None:
+    return channel.memberships.filter(pubkey=pubkey, removed_at__isnull=True).first()
+
+
+def _message_count(channel: Channel) -> int:
+    """A new member starts with nothing unread."""
+    stats = ChannelStats.objects.filter(channel=channel).values_list("message_count", flat=True).first()
+    return int(stats or 0)
+
+
+def _owners(channel: Channel) -> int:
+    return channel.memberships.filter(removed_at__isnull=True, role=ChannelRole.OWNER).count()
+
+
+# --- relay-signed state --------------------------------------------------------
+
+
+def _state_events(channel: Channel, signer: Signer) -> list[Event]:
+    members = active_members(channel)
+    h = str(channel.uuid)
+    meta: list[list[str]] = [["d", h], ["name", channel.name]]
+    if channel.about:
+        meta.append(["about", channel.about])
+    meta.append(["private" if channel.visibility == Visibility.PRIVATE else "public"])
+    meta.append(["closed" if channel.visibility == Visibility.PRIVATE else "open"])
+    meta.append(["type", channel.type])
+    if channel.topic:
+        meta.append(["topic", channel.topic])
+    if channel.purpose:
+        meta.append(["purpose", channel.purpose])
+    if channel.archived_at is not None:
+        meta.append(["archived", "true"])
+    if channel.ttl_seconds:
+        meta.append(["ttl", str(channel.ttl_seconds)])
+    if not channel.listed:
+        meta.append(["unlisted"])
+    admins = [["d", h]] + [["p", m.pubkey, m.role] for m in members if m.role in ("owner", "admin")]
+    roster = [["d", h]] + [["p", m.pubkey, "", m.role] for m in members]
+    # Model fields may hold TextChoices members; an event's tags are plain strings.
+    meta = [[str(x) for x in tag] for tag in meta]
+    admins = [[str(x) for x in tag] for tag in admins]
+    roster = [[str(x) for x in tag] for tag in roster]
+    now = int(time.time())
+    return [
+        signer.sign_event(kind=KIND_GROUP_METADATA, tags=meta, content="", created_at=now),
+        signer.sign_event(kind=KIND_GROUP_ADMINS, tags=admins, content="", created_at=now),
+        signer.sign_event(kind=KIND_GROUP_MEMBERS, tags=roster, content="", created_at=now),
+    ]
+
+
+def store_event_sync(community: Community, event: Event, channel: uuid.UUID | None) -> None:
+    """ORM twin of buzz.events.store_event for the synchronous services."""
+    from buzz.events import event_json, indexed_tags
+
+    _, created = StoredEvent.objects.get_or_create(
+        id=event.id,
+        defaults={
+            "community": community,
+            "pubkey": event.pubkey,
+            "kind": event.kind,
+            "created_at": event.created_at,
+            "channel_id": channel,
+            "raw": event_json(event),
+        },
+    )
+    if created:
+        names, values = indexed_tags(event)
+        EventTag.objects.bulk_create(
+            [EventTag(event_id=event.id, name=n, value=v) for n, v in zip(names, values, strict=True)]
+        )
+
+
+def refresh_state(channel: Channel) -> None:
+    """Replace the channel's relay-signed 39000/39001/39002 events (addressable: one of each)."""
+    community = channel.community
+    StoredEvent.objects.filter(community=community, channel_id=channel.uuid, kind__in=STATE_KINDS).delete()
+    if channel.deleted_at is not None:
+        return
+    for event in _state_events(channel, Signer(community.relay_secret)):
+        store_event_sync(community, event, channel.uuid)
+
+
+# --- services ------------------------------------------------------------------
+
+
+def channel_create(
+    *,
+    community: Community,
+    channel_uuid: uuid.UUID,
+    name: str,
+    creator: str,
+    visibility: str = Visibility.OPEN,
+    channel_type: str = ChannelType.STREAM,
+    about: str = "",
+    listed: bool = True,
+    ttl_seconds: int | None = None,
+    participants: Iterable[str] = (),
+    request: Event | None = None,
+) -> Channel:
+    if channel_uuid.int == 0:
+        raise ChannelError("invalid: channel id must be a non-nil UUID")
+    if not name.strip():
+        raise ChannelError("invalid: channel needs a name")
+    if visibility not in Visibility.values:
+        raise ChannelError("invalid: visibility must be open or private")
+    if channel_type not in ChannelType.values:
+        raise ChannelError(f"invalid: channel type must be one of {', '.join(ChannelType.values)}")
+    people = list(dict.fromkeys([creator, *participants]))
+    if channel_type == ChannelType.DM:
+        if not DM_MIN <= len(people) <= DM_MAX:
+            raise ChannelError(f"invalid: a DM has {DM_MIN} to {DM_MAX} participants, the creator included")
+        visibility = Visibility.PRIVATE
+        listed = False
+    elif len(people) > 1:
+        raise ChannelError("invalid: only a DM names participants at creation")
+    with transaction.atomic():
+        if Channel.objects.filter(community=community, uuid=channel_uuid).exists():
+            raise ChannelError("invalid: that channel id is taken")
+        now = timezone.now()
+        channel = Channel.objects.create(
+            community=community,
+            uuid=channel_uuid,
+            name=name.strip()[:200],
+            about=about,
+            visibility=visibility,
+            listed=listed,
+            type=channel_type,
+            ttl_seconds=ttl_seconds,
+            deadline=now + dt.timedelta(seconds=ttl_seconds) if ttl_seconds else None,
+            created_by=creator,
+        )
+        ChannelStats.objects.create(channel=channel)
+        if channel_type == ChannelType.DM:
+            # DM participants are peers: nobody owns a DM.
+            Membership.objects.bulk_create([Membership(channel=channel, pubkey=p, role=ChannelRole.MEMBER) for p in people])
+        else:
+            Membership.objects.create(channel=channel, pubkey=creator, role=ChannelRole.OWNER)
+        if request is not None:
+            store_event_sync(community, request, channel.uuid)
+        refresh_state(channel)
+        _signal_access(channel, "created")
+    return channel
+
+
+def _lock(community: Community, channel_uuid: uuid.UUID) -> Channel:
+    channel = (
+        Channel.objects.select_for_update()
+        .filter(community=community, uuid=channel_uuid, deleted_at__isnull=True)
+        .first()
+    )
+    if channel is None:
+        raise ChannelError("restricted: not a channel member")
+    return channel
+
+
+def _role_of(channel: Channel, pubkey: str) -> str | None:
+    m = active_membership(channel, pubkey)
+    return m.role if m else None
+
+
+def member_put(
+    *,
+    community: Community,
+    channel_uuid: uuid.UUID,
+    actor: str | None,
+    pubkey: str,
+    role: str = ChannelRole.MEMBER,
+    request: Event | None = None,
+) -> Membership:
+    """NIP-29 9000. actor None means an operator (admin, management command): no channel-role checks."""
+    if role not in ChannelRole.values:
+        raise ChannelError(f"invalid: role must be one of {', '.join(ChannelRole.values)}")
+    with transaction.atomic():
+        channel = _lock(community, channel_uuid)
+        if channel.type == ChannelType.DM:
+            raise ChannelError("invalid: a DM's participants can't change")
+        if actor is not None:
+            actor_role = _role_of(channel, actor)
+            if channel.visibility == Visibility.PRIVATE and actor_role not in ("owner", "admin"):
+                raise ChannelError("restricted: only owners and admins add members to a private channel")
+            if channel.visibility == Visibility.OPEN and actor_role is None:
+                raise ChannelError("restricted: not a channel member")
+            if role != ChannelRole.MEMBER and actor_role not in ("owner", "admin"):
+                raise ChannelError("restricted: only owners and admins assign roles")
+            if role == ChannelRole.OWNER and actor_role != "owner":
+                raise ChannelError("restricted: only an owner makes another owner")
+            if channel.archived_at is not None:
+                raise ChannelError("invalid: channel is archived")
+        current = active_membership(channel, pubkey)
+        if current is not None:
+            if current.role == ChannelRole.OWNER and role != ChannelRole.OWNER and _owners(channel) <= 1:
+                raise ChannelError("invalid: the last owner can't be demoted")
+            if actor is not None and current.role == ChannelRole.OWNER and _role_of(channel, actor) != "owner":
+                raise ChannelError("restricted: only an owner changes an owner's role")
+            current.role = role
+            current.save(update_fields=["role"])
+            membership = current
+        else:
+            membership = Membership.objects.create(
+                channel=channel, pubkey=pubkey, role=role, read_mark=_message_count(channel)
+            )
+        if request is not None:
+            store_event_sync(community, request, channel.uuid)
+        refresh_state(channel)
+        _signal_access(channel, "membership")
+    return membership
+
+
+def member_remove(
+    *, community: Community, channel_uuid: uuid.UUID, actor: str | None, pubkey: str, request: Event | None = None
+) -> None:
+    """NIP-29 9001 (and 9022 leave, where actor == pubkey). The row stays with removed_at set."""
+    with transaction.atomic():
+        channel = _lock(community, channel_uuid)
+        if channel.type == ChannelType.DM:
+            raise ChannelError("invalid: a DM's participants can't change")
+        target = active_membership(channel, pubkey)
+        if actor is not None and actor != pubkey:
+            actor_role = _role_of(channel, actor)
+            if actor_role not in ("owner", "admin"):
+                raise ChannelError("restricted: only owners and admins remove other members")
+            if target is not None and target.role == ChannelRole.OWNER and actor_role != "owner":
+                raise ChannelError("restricted: only an owner removes an owner")
+        if target is None:
+            if actor is not None and actor == pubkey:
+                raise ChannelError("restricted: not a channel member")
+            raise ChannelError("invalid: that pubkey is not a member")
+        if target.role == ChannelRole.OWNER and _owners(channel) <= 1:
+            raise ChannelError("invalid: the last owner can't leave or be removed")
+        target.removed_at = timezone.now()
+        target.save(update_fields=["removed_at"])
+        if request is not None:
+            store_event_sync(community, request, channel.uuid)
+        refresh_state(channel)
+        _signal_access(channel, "membership")
+
+
+EDITABLE = ("name", "about", "topic", "purpose", "visibility", "archived", "ttl", "listed")
+MEMBER_EDITABLE = frozenset({"topic", "purpose"})
+
+
+def channel_edit(
+    *,
+    community: Community,
+    channel_uuid: uuid.UUID,
+    actor: str | None,
+    changes: dict[str, str],
+    request: Event | None = None,
+) -> Channel:
+    """NIP-29 9002. Owners/admins edit everything; members only topic and purpose."""
+    unknown = set(changes) - set(EDITABLE)
+    if unknown:
+        raise ChannelError(f"invalid: unknown metadata field {sorted(unknown)[0]!r}")
+    if not changes:
+        raise ChannelError("invalid: edit-metadata changes nothing")
+    with transaction.atomic():
+        channel = _lock(community, channel_uuid)
+        if actor is not None:
+            role = _role_of(channel, actor)
+            if role is None:
+                raise ChannelError("restricted: not a channel member")
+            if role not in ("owner", "admin") and not set(changes) <= MEMBER_EDITABLE:
+                raise ChannelError("restricted: only owners and admins edit this metadata")
+        archiving_only = set(changes) == {"archived"}
+        if channel.archived_at is not None and not archiving_only and "archived" not in changes:
+            raise ChannelError("invalid: channel is archived")
+        access_changed = False
+        for key, value in changes.items():
+            if key in ("name", "about", "topic", "purpose"):
+                if key == "name" and not value.strip():
+                    raise ChannelError("invalid: channel needs a name")
+                setattr(channel, key, value.strip()[:200] if key == "name" else value[:500])
+            elif key == "visibility":
+                if value not in Visibility.values:
+                    raise ChannelError("invalid: visibility must be open or private")
+                if channel.type == ChannelType.DM and value != Visibility.PRIVATE:
+                    raise ChannelError("invalid: a DM is always private")
+                access_changed = access_changed or value != channel.visibility
+                channel.visibility = value
+            elif key == "archived":
+                if value not in ("true", "false"):
+                    raise ChannelError("invalid: archived must be true or false")
+                channel.archived_at = (channel.archived_at or timezone.now()) if value == "true" else None
+            elif key == "listed":
+                if value not in ("true", "false"):
+                    raise ChannelError("invalid: listed must be true or false")
+                channel.listed = value == "true"
+            elif key == "ttl":
+                if value in ("", "0"):
+                    channel.ttl_seconds = None
+                    channel.deadline = None
+                elif value.isdigit() and int(value) <= 10 * 365 * 86400:
+                    channel.ttl_seconds = int(value)
+                    channel.deadline = timezone.now() + dt.timedelta(seconds=int(value))
+                else:
+                    raise ChannelError("invalid: ttl must be a number of seconds")
+        channel.save()
+        if request is not None:
+            store_event_sync(community, request, channel.uuid)
+        refresh_state(channel)
+        if access_changed:
+            _signal_access(channel, "visibility")
+    return channel
+
+
+def channel_delete(
+    *, community: Community, channel_uuid: uuid.UUID, actor: str | None, request: Event | None = None
+) -> None:
+    """NIP-29 9008: owner only. Soft delete; every subscription on the channel ends."""
+    with transaction.atomic():
+        channel = _lock(community, channel_uuid)
+        if actor is not None and _role_of(channel, actor) != ChannelRole.OWNER:
+            raise ChannelError("restricted: only an owner deletes a channel")
+        channel.deleted_at = timezone.now()
+        channel.save(update_fields=["deleted_at"])
+        if request is not None:
+            store_event_sync(community, request, channel.uuid)
+        refresh_state(channel)
+        _signal_access(channel, "deleted")
+
+
+def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, request: Event | None = None) -> None:
+    """NIP-29 9021: open channels only; a private channel answers like a missing one."""
+    with transaction.atomic():
+        channel = _lock(community, channel_uuid)
+        if channel.visibility != Visibility.OPEN or channel.type == ChannelType.DM:
+            raise ChannelError("restricted: not a channel member")
+        if channel.archived_at is not None:
+            raise ChannelError("invalid: channel is archived")
+        if active_membership(channel, pubkey) is not None:
+            raise ChannelError("duplicate: already a member")
+        Membership.objects.create(
+            channel=channel, pubkey=pubkey, role=ChannelRole.MEMBER, read_mark=_message_count(channel)
+        )
+        if request is not None:
+            store_event_sync(community, request, channel.uuid)
+        refresh_state(channel)
+        _signal_access(channel, "membership")
+
+
+def signal_channels_of(community: Community, pubkey: str, *, why: str) -> None:
+    """After commit, every channel the pubkey is in re-checks its subscribers' access (bans)."""
+    for membership in memberships_of(community, pubkey):
+        _signal_access(membership.channel, why)
+
+
+def memberships_of(community: Community, pubkey: str) -> list[Membership]:
+    return list(
+        Membership.objects.filter(channel__community=community, pubkey=pubkey, removed_at__isnull=True)
+        .filter(Q(channel__deleted_at__isnull=True))
+        .select_related("channel")
+    )

@@ -1,0 +1,67 @@
+"""Authentication of HTTP requests: NIP-98 signed requests, or `Authorization: Bearer <api token>`.
+
+NIP-98 checks every field (buzz.nostr.verify_http_auth: kind, signature, URL,
+method, time window, payload hash) and this module adds the replay guard: an
+authorization event id is accepted once, across every node (Redis SET NX).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.http import HttpRequest
+
+from buzz.communities import CommunityInfo, admitted
+from buzz.ingest import Actor
+from buzz.limits import limits
+from buzz.nostr import ProtocolError, verify_http_auth
+from buzz.runtime import runtime
+from buzz.tokens import authenticate_bearer
+
+
+@dataclass(frozen=True, slots=True)
+class AuthFailure(Exception):
+    reason: str
+    status: int = 401
+
+
+def request_url(request: HttpRequest, community: CommunityInfo) -> str:
+    """The absolute URL the client signed: the community's public scheme and host, and this path and query."""
+    public = urlsplit(community.public_url)
+    scheme = "https" if public.scheme == "wss" else "http"
+    return f"{scheme}://{public.netloc}{request.get_full_path()}"
+
+
+async def authenticate(request: HttpRequest, community: CommunityInfo, body: bytes) -> Actor:
+    """The request's actor, or AuthFailure (401 without a valid credential, 403 for a non-member)."""
+    header = request.headers.get("Authorization")
+    if header and header.startswith("Bearer "):
+        actor = await authenticate_bearer(community, header)
+        if actor is None:
+            raise AuthFailure("auth-required: unknown, revoked or expired token")
+        return actor
+    lim = limits()
+    try:
+        auth = verify_http_auth(
+            header,
+            url=request_url(request, community),
+            method=request.method or "GET",
+            body=body,
+            now=int(time.time()),
+            window=lim.http_auth_window,
+        )
+    except ProtocolError as err:
+        raise AuthFailure(err.reason) from None
+    key = f"{settings.BUZZ_REDIS_PREFIX}nip98:{community.id}:{auth.event_id}"
+    try:
+        fresh = await runtime.redis().set(key, b"1", nx=True, ex=2 * lim.http_auth_window + 5)
+    except Exception:
+        raise AuthFailure("error: could not check the authorization, try again", 503) from None
+    if not fresh:
+        raise AuthFailure("auth-required: this authorization event was already used")
+    if not await admitted(community, auth.pubkey):
+        raise AuthFailure("restricted: not a relay member", 403)
+    return Actor(community=community, pubkey=auth.pubkey)

@@ -1,0 +1,39 @@
+"""Shared pieces of the operator commands (argument types, community lookup)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+
+from django.core.management.base import CommandError
+
+from buzz.communities import community_by_host, normalize_host
+from buzz.models import Community
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def community_arg(host: str) -> Community:
+    try:
+        return community_by_host(host)
+    except Community.DoesNotExist:
+        raise CommandError(f"no community for host {normalize_host(host)}") from None
+
+
+def channel_arg(value: str) -> uuid.UUID:
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        raise CommandError(f"invalid channel id {value!r}: expected a lowercase UUID") from None
+    if str(parsed) != value or parsed.int == 0:
+        raise CommandError(f"invalid channel id {value!r}: expected a non-nil lowercase hyphenated UUID")
+    return parsed
+
+
+def duration_arg(value: str) -> dt.timedelta:
+    match = _DURATION.match(value)
+    if not match:
+        raise CommandError(f"invalid duration {value!r}: use a number and s, m, h or d (e.g. 30m, 7d)")
+    return dt.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])

@@ -1,0 +1,294 @@
+"""The access policy: the ONE place that decides who may read a channel and who may post in it.
+
+Posting follows the kind-9 order of the existing Buzz relay (REFERENCE.md),
+after the checks every event gets in buzz.ingest (signature, time window, size,
+pubkey = authenticated identity):
+
+  5. scope: messages:write          6. ban (also the owner's ban of an agent), timeout
+  7. h tag; a channel-limited token must cover it
+  8. member, or an open channel     9. not archived
+
+NIP-AR artifact writes call `check_post` unchanged (same checks, same point).
+A channel that does not exist and a channel the actor can't read get the same
+answer, so errors are never an existence oracle.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from buzz.ingest import Actor
+from buzz.nostr import Event, ProtocolError, verify_owner_attestation
+from buzz.runtime import runtime
+
+SCOPE_READ = "messages:read"
+SCOPE_WRITE = "messages:write"
+SCOPE_CHANNELS_WRITE = "channels:write"
+SCOPE_ADMIN_CHANNELS = "admin:channels"
+KNOWN_SCOPES = frozenset(
+    {
+        SCOPE_READ,
+        SCOPE_WRITE,
+        "channels:read",
+        SCOPE_CHANNELS_WRITE,
+        SCOPE_ADMIN_CHANNELS,
+        "users:read",
+        "users:write",
+        "admin:users",
+    }
+)
+
+# One text for "no such channel" and "you can't see this channel".
+NOT_A_MEMBER = "restricted: not a channel member"
+ARCHIVED = "invalid: channel is archived"
+BANNED = "blocked: this pubkey is banned from the community"
+MISSING_H = "invalid: event needs an h tag naming its channel"
+BAD_H = "invalid: h tag must be a lowercase channel UUID"
+TOKEN_INVALID = "auth-required: this token is revoked or expired"
+TOKEN_CHANNEL = "restricted: this token does not cover that channel"
+
+WRITER_ROLES = frozenset({"owner", "admin", "member", "guest", "bot"})
+MANAGER_ROLES = frozenset({"owner", "admin"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelAccess:
+    """What the policy read about one actor and one channel, in one round trip."""
+
+    channel_pk: int | None
+    visibility: str | None
+    type: str | None
+    archived: bool
+    deleted: bool
+    role: str | None
+    banned: bool
+    timeout_until: dt.datetime | None
+    token_ok: bool = True
+
+    @property
+    def exists(self) -> bool:
+        return self.channel_pk is not None and not self.deleted
+
+    @property
+    def is_member(self) -> bool:
+        return self.role is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    ok: bool
+    reason: str = ""
+    access: ChannelAccess | None = None
+
+    @classmethod
+    def deny(cls, reason: str, access: ChannelAccess | None = None) -> Decision:
+        return cls(False, reason, access)
+
+
+_ACCESS_SQL = """
+SELECT
+  EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = ANY(%(subjects)s)
+          AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())),
+  (SELECT max(t.until) FROM buzz_timeout t WHERE t.community_id = %(community)s AND t.pubkey = %(pubkey)s
+          AND t.until > now()),
+  c.id, c.visibility, c.type, c.archived_at IS NOT NULL, c.deleted_at IS NOT NULL, m.role,
+  (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s AND k.revoked_at IS NULL
+          AND (k.expires_at IS NULL OR k.expires_at > now())))
+FROM (SELECT 1) AS one
+LEFT JOIN buzz_channel c ON c.community_id = %(community)s AND c.uuid = %(channel)s
+LEFT JOIN buzz_membership m ON m.channel_id = c.id AND m.pubkey = %(pubkey)s AND m.removed_at IS NULL
+"""
+
+
+def parse_channel_id(value: str) -> uuid.UUID | None:
+    """A channel id is a non-nil lowercase hyphenated UUID; anything else is None."""
+    if len(value) != 36 or value != value.lower():
+        return None
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        return None
+    if parsed.int == 0 or str(parsed) != value:
+        return None
+    return parsed
+
+
+def channel_of(event: Event) -> uuid.UUID:
+    """The event's channel from its single h tag. Raises ProtocolError."""
+    values = event.tag_values("h")
+    if not values:
+        raise ProtocolError(MISSING_H)
+    if len(values) > 1:
+        raise ProtocolError("invalid: event must have exactly one h tag")
+    channel = parse_channel_id(values[0])
+    if channel is None:
+        raise ProtocolError(BAD_H)
+    return channel
+
+
+async def load_access(
+    actor: Actor, channel: uuid.UUID, *, owner: str | None = None, conn: AsyncConnection[Any] | None = None
+) -> ChannelAccess:
+    subjects = [actor.pubkey] if owner is None else [actor.pubkey, owner]
+    params = {
+        "community": actor.community.id,
+        "subjects": subjects,
+        "pubkey": actor.pubkey,
+        "channel": channel,
+        "token": actor.token_id,
+    }
+    if conn is None:
+        pool = await runtime.pool()
+        async with pool.connection() as own:
+            cur = await own.execute(_ACCESS_SQL, params)
+            row = await cur.fetchone()
+    else:
+        cur = await conn.execute(_ACCESS_SQL, params)
+        row = await cur.fetchone()
+    assert row is not None
+    banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok = row
+    return ChannelAccess(
+        token_ok=bool(token_ok),
+        channel_pk=pk,
+        visibility=visibility,
+        type=ctype,
+        archived=bool(archived),
+        deleted=bool(deleted),
+        role=role,
+        banned=bool(banned),
+        timeout_until=timeout_until,
+    )
+
+
+def has_scope(actor: Actor, scope: str) -> bool:
+    return actor.scopes is None or scope in actor.scopes
+
+
+def token_covers(actor: Actor, channel: uuid.UUID) -> bool:
+    return actor.channels is None or str(channel) in actor.channels
+
+
+def _owner_of_agent(event: Event) -> str | None:
+    """The owner named by a valid NIP-OA auth tag; invalid tags are rejected by the caller's parse."""
+    attestation = verify_owner_attestation(event)
+    return attestation.owner if attestation is not None else None
+
+
+def _standing(actor: Actor, channel: uuid.UUID, access: ChannelAccess, *, writing: bool) -> str | None:
+    """The credential and moderation checks (steps 6-7): the denial reason, or None."""
+    if not access.token_ok:
+        return TOKEN_INVALID
+    if access.banned:
+        return BANNED
+    if writing and access.timeout_until is not None:
+        return f"restricted: timed out until {int(access.timeout_until.timestamp())}"
+    if not token_covers(actor, channel):
+        return TOKEN_CHANNEL
+    return None
+
+
+def _visible(access: ChannelAccess) -> bool:
+    """Step 8: a member, or anyone in an open (non-DM) channel. A deleted channel is nobody's."""
+    if not access.exists:
+        return False
+    if access.is_member:
+        return access.role in WRITER_ROLES
+    return access.visibility == "open" and access.type != "dm"
+
+
+def decide_post(actor: Actor, channel: uuid.UUID, access: ChannelAccess) -> Decision:
+    """Steps 5-9 on facts already loaded. Pure: the unit tests drive it directly."""
+    if not has_scope(actor, SCOPE_WRITE):
+        return Decision.deny(f"restricted: this token lacks the {SCOPE_WRITE} scope", access)
+    reason = _standing(actor, channel, access, writing=True)
+    if reason is None and not _visible(access):
+        reason = NOT_A_MEMBER
+    if reason is None and access.archived:
+        reason = ARCHIVED
+    return Decision(reason is None, reason or "", access)
+
+
+def decide_read(actor: Actor, channel: uuid.UUID, access: ChannelAccess) -> Decision:
+    """Read permission: scope, ban, token channel limit, membership or an open channel. Archive doesn't matter."""
+    if not has_scope(actor, SCOPE_READ):
+        return Decision.deny(f"restricted: this token lacks the {SCOPE_READ} scope", access)
+    reason = _standing(actor, channel, access, writing=False)
+    if reason is None and not _visible(access):
+        reason = NOT_A_MEMBER
+    return Decision(reason is None, reason or "", access)
+
+
+def decide_manage(actor: Actor, channel: uuid.UUID, access: ChannelAccess, *, scope: str, creating: bool) -> Decision:
+    """NIP-29 group events: scope, standing, and (unless creating) a visible channel."""
+    if not has_scope(actor, scope):
+        return Decision.deny(f"restricted: this token lacks the {scope} scope", access)
+    reason = _standing(actor, channel, access, writing=True)
+    if reason is None and not creating and not _visible(access):
+        reason = NOT_A_MEMBER
+    return Decision(reason is None, reason or "", access)
+
+
+async def check_post(
+    actor: Actor, event: Event, *, conn: AsyncConnection[Any] | None = None
+) -> tuple[uuid.UUID, Decision]:
+    """Can actor post `event` (kind 9, or anything that follows kind-9 rules) in its h channel?"""
+    if not has_scope(actor, SCOPE_WRITE):
+        return uuid.UUID(int=0), Decision.deny(f"restricted: this token lacks the {SCOPE_WRITE} scope")
+    channel = channel_of(event)
+    owner = _owner_of_agent(event)
+    access = await load_access(actor, channel, owner=owner, conn=conn)
+    return channel, decide_post(actor, channel, access)
+
+
+async def check_manage(
+    actor: Actor, event: Event, *, scope: str, creating: bool = False, conn: AsyncConnection[Any] | None = None
+) -> tuple[uuid.UUID, Decision]:
+    """Channel roles (who may add, remove, edit, delete) are then checked by the channel
+    services under the channel's row lock, with the rules in buzz.channels."""
+    if not has_scope(actor, scope):
+        return uuid.UUID(int=0), Decision.deny(f"restricted: this token lacks the {scope} scope")
+    channel = channel_of(event)
+    access = await load_access(actor, channel, owner=_owner_of_agent(event), conn=conn)
+    return channel, decide_manage(actor, channel, access, scope=scope, creating=creating)
+
+
+async def check_read(actor: Actor, channel: uuid.UUID, *, conn: AsyncConnection[Any] | None = None) -> Decision:
+    access = await load_access(actor, channel, conn=conn)
+    return decide_read(actor, channel, access)
+
+
+_READABLE_SQL = """
+SELECT c.uuid FROM buzz_channel c
+WHERE c.community_id = %(community)s AND c.deleted_at IS NULL
+  AND (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s
+       AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())))
+  AND NOT EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = %(pubkey)s
+                  AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now()))
+  AND (EXISTS (SELECT 1 FROM buzz_membership m WHERE m.channel_id = c.id AND m.pubkey = %(pubkey)s
+               AND m.removed_at IS NULL)
+       OR (c.visibility = 'open' AND c.type <> 'dm' AND c.listed))
+"""
+
+
+async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> list[uuid.UUID]:
+    """Channels a REQ without #h covers: memberships and listed open channels (unlisted need an explicit #h)."""
+    if not has_scope(actor, SCOPE_READ):
+        return []
+    params = {"community": actor.community.id, "pubkey": actor.pubkey, "token": actor.token_id}
+    if conn is None:
+        pool = await runtime.pool()
+        async with pool.connection() as own:
+            rows = await (await own.execute(_READABLE_SQL, params)).fetchall()
+    else:
+        rows = await (await conn.execute(_READABLE_SQL, params)).fetchall()
+    return [r[0] for r in rows if token_covers(actor, r[0])]
+
+
+def can_manage(access: ChannelAccess) -> bool:
+    """Owner/admin of the channel: may add members to private channels, edit metadata, remove others."""
+    return access.role in MANAGER_ROLES

@@ -1,0 +1,108 @@
+"""API tokens: bearer credentials bound to a pubkey, scopes and optionally channels.
+
+Only a SHA-256 of the token is stored; the token itself is shown once, at creation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from buzz.communities import CommunityInfo, check_pubkey
+from buzz.ingest import Actor
+from buzz.models import ApiToken, Community
+from buzz.runtime import runtime
+
+TOKEN_PREFIX = "buzz_"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    token: str  # shown once, never stored
+    row: ApiToken
+
+
+def token_create(
+    *,
+    community: Community,
+    pubkey: str,
+    scopes: Iterable[str],
+    channels: Iterable[str] | None = None,
+    name: str = "",
+    expires_in: dt.timedelta | None = None,
+) -> IssuedToken:
+    from buzz.policy import KNOWN_SCOPES, parse_channel_id
+
+    check_pubkey(pubkey)
+    scope_list = sorted(set(scopes))
+    if not scope_list:
+        raise ValidationError("a token needs at least one scope")
+    unknown = [s for s in scope_list if s not in KNOWN_SCOPES]
+    if unknown:
+        raise ValidationError(f"unknown scope {unknown[0]!r}; known: {', '.join(sorted(KNOWN_SCOPES))}")
+    channel_list: list[str] | None = None
+    if channels is not None:
+        channel_list = []
+        for c in channels:
+            if parse_channel_id(c) is None:
+                raise ValidationError(f"invalid channel id {c!r}: expected a lowercase UUID")
+            channel_list.append(c)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken.objects.create(
+        community=community,
+        pubkey=pubkey,
+        name=name,
+        token_hash=hash_token(token),
+        prefix=token[:12],
+        scopes=scope_list,
+        channels=channel_list,
+        expires_at=timezone.now() + expires_in if expires_in else None,
+    )
+    return IssuedToken(token=token, row=row)
+
+
+def token_revoke(*, token_id: int) -> ApiToken:
+    row = ApiToken.objects.get(pk=token_id)
+    if row.revoked_at is None:
+        row.revoked_at = timezone.now()
+        row.save(update_fields=["revoked_at"])
+    return row
+
+
+_LOOKUP = """
+SELECT id, pubkey, scopes, channels FROM buzz_apitoken
+WHERE token_hash = %s AND community_id = %s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+"""
+
+
+async def authenticate_bearer(community: CommunityInfo, header: str | None) -> Actor | None:
+    """The actor behind `Authorization: Bearer <token>`, or None when the token is unknown, revoked or expired."""
+    if not header or not header.startswith("Bearer "):
+        return None
+    token = header[len("Bearer ") :].strip()
+    if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+        return None
+    pool = await runtime.pool()
+    async with pool.connection() as conn:
+        row = await (await conn.execute(_LOOKUP, (hash_token(token), community.id))).fetchone()
+    if row is None:
+        return None
+    token_id, pubkey, scopes, channels = row
+    return Actor(
+        community=community,
+        pubkey=pubkey,
+        scopes=frozenset(scopes),
+        channels=frozenset(str(uuid.UUID(c)) for c in channels) if channels is not None else None,
+        token_id=token_id,
+    )

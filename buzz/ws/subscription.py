@@ -1,0 +1,185 @@
+"""One ordinary NIP-01 REQ: live interest first, then stored events, EOSE, then live events.
+
+The subscription registers with the hub before it reads stored events (the
+order NIP-AR Sync rule 1 names for REQ), holds live events that arrive during
+the stored read, and releases them after EOSE. An access signal on one of its
+channels pauses live delivery until the reader's access is checked again; a
+lost check or a lost hub connection ends the subscription with CLOSED, so a
+gap is never silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from buzz.events import query_events
+from buzz.live.hub import HubUnavailable, LossReason, Subscription, topic_for_channel
+from buzz.policy import check_read
+from buzz.runtime import runtime
+from buzz.ws.frames import Filter
+from buzz.ws.match import matches_any
+from buzz.ws.outbound import QueueFull
+
+if TYPE_CHECKING:
+    from buzz.ws.session import Session
+
+log = logging.getLogger(__name__)
+
+STORED_SEND_TIMEOUT = 10.0  # seconds the stored read may wait for room in the outbound queue
+LIVE_WAIT = 5.0  # seconds a REQ waits for a healthy hub before CLOSED "error:"
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class ReqSubscription:
+    def __init__(
+        self, session: Session, sub_id: str, filters: Sequence[Filter], channels: Sequence[uuid.UUID]
+    ) -> None:
+        self.session = session
+        self.sub_id = sub_id
+        self.filters = tuple(filters)
+        self.channels = tuple(channels)
+        self._channel_strs = frozenset(str(c) for c in channels)
+        self._prefix = f'["EVENT",{dumps(sub_id)},'
+        self._live: Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._held: list[dict[str, Any]] = []
+        self._held_max = session.limits.outbound_max_messages
+        self._sent_ids: set[str] | None = set()  # ids sent from storage; dropped after EOSE
+        self._eose = False
+        self._rechecks = 0
+        self.ended = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"req:{self.sub_id}")
+
+    async def close(self) -> None:
+        """CLOSE from the client, a replacing REQ, or disconnect: stop reading and unsubscribe."""
+        self.ended = True
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: S110 - the read is being abandoned
+                pass
+        live, self._live = self._live, None
+        if live is not None:
+            await live.close()
+
+    def end(self, reason: str) -> None:
+        """End the subscription from the relay's side with CLOSED reason."""
+        if self.ended:
+            return
+        self.session.subscription_ended(self, reason)
+
+    # --- initial phase -------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            if self.channels:
+                topics = [topic_for_channel(self.session.community.id, c) for c in self._channel_strs]
+                try:
+                    self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
+                except HubUnavailable:
+                    self.end("error: live delivery is unavailable right now, try again")
+                    return
+            rows = await query_events(self.session.community.id, self.filters, readable_channels=self.channels)
+            outbound = self.session.outbound
+            sent = self._sent_ids
+            assert sent is not None
+            for event_id, raw in rows:
+                sent.add(event_id)
+                await outbound.put(self._prefix + raw + "]", timeout=STORED_SEND_TIMEOUT)
+            await outbound.put(dumps(["EOSE", self.sub_id]), timeout=STORED_SEND_TIMEOUT)
+            self._eose = True
+            self._release_held()
+            self._sent_ids = None
+        except asyncio.CancelledError:
+            raise
+        except QueueFull:
+            self.session.abort()
+        except Exception:
+            log.exception("REQ %s failed", self.sub_id)
+            self.end("error: the query failed")
+
+    # --- live phase (hub callbacks: never block) -------------------------------------
+
+    def on_message(self, topic: str, message: dict[str, Any]) -> None:
+        if self.ended:
+            return
+        kind = message.get("t")
+        if kind == "event":
+            event = message.get("event")
+            if not isinstance(event, dict):
+                self.end("error: live delivery received a malformed entry; send REQ again")
+                return
+            if self._eose and self._rechecks == 0:
+                self._deliver(event)
+            elif len(self._held) >= self._held_max:
+                self.end("error: too many live events arrived during the stored read; send REQ again")
+            else:
+                self._held.append(event)
+        elif kind == "access":
+            channel = message.get("channel")
+            if isinstance(channel, str) and channel in self._channel_strs:
+                self._rechecks += 1
+                asyncio.get_running_loop().create_task(self._recheck(channel))
+
+    def on_loss(self, reason: LossReason, detail: str) -> None:
+        self._live = None
+        self.end(f"error: live delivery was interrupted ({reason.value}); send REQ again")
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        try:
+            channel = _channel_tag(event)
+            if channel not in self._channel_strs or not matches_any(self.filters, event):
+                return
+            if self._sent_ids is not None and event.get("id") in self._sent_ids:
+                return
+            self.session.outbound.try_put(self._prefix + dumps(event) + "]")
+        except QueueFull:
+            # The client stopped reading; dropping silently is not allowed, so the connection ends.
+            self.session.abort()
+        except (KeyError, TypeError):
+            self.end("error: live delivery received a malformed entry; send REQ again")
+
+    def _release_held(self) -> None:
+        if self._rechecks:
+            return
+        held, self._held = self._held, []
+        for event in held:
+            if self.ended:
+                return
+            self._deliver(event)
+
+    async def _recheck(self, channel: str) -> None:
+        try:
+            actor = self.session.actor
+            assert actor is not None
+            decision = await check_read(actor, uuid.UUID(channel))
+        except Exception:
+            log.exception("access re-check failed")
+            self.end("error: could not re-check channel access; send REQ again")
+            return
+        finally:
+            self._rechecks -= 1
+        if not decision.ok:
+            self.end(decision.reason if decision.reason.startswith("restricted:") else "restricted: " + decision.reason)
+            return
+        if self._eose:
+            self._release_held()
+
+
+def _channel_tag(event: dict[str, Any]) -> str | None:
+    for tag in event["tags"]:
+        if len(tag) >= 2 and tag[0] == "h":
+            return str(tag[1])
+    return None
