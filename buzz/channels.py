@@ -65,6 +65,7 @@ def _signal_access(channel: Channel, why: str) -> None:
         settings.REDIS_URL,
         topic_for_channel(channel.community_id, str(channel.uuid)),
         AccessSignal(channel.uuid, why).message(),
+        prefix=settings.BUZZ_REDIS_PREFIX,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -93,27 +93,47 @@ def _matches_nothing(f: Filter) -> bool:
     )
 
 
+PAGE_ROWS = 100
+
+
 async def query_events(
     community_id: int, filters: Iterable[Filter], *, readable_channels: Sequence[uuid.UUID] = ()
-) -> list[tuple[str, str]]:
-    """(id, raw JSON) of stored events matching any filter, newest first per filter, each event once."""
-    out: list[tuple[str, str]] = []
+) -> AsyncIterator[tuple[str, str]]:
+    """(id, raw JSON) of stored events matching any filter, newest first per filter, each event once.
+
+    Rows come in keyset pages of PAGE_ROWS, and a pooled connection is held only
+    while a page is read: a slow reader holds one page in memory, never a whole
+    result, and never a database connection.
+    """
     seen: set[str] = set()
     pool = await runtime.pool()
-    async with pool.connection() as conn:
-        for f in filters:
-            if f.limit == 0 or _matches_nothing(f):
-                continue
-            where, args = _where(community_id, f, readable_channels)
-            cur = await conn.execute(
-                f"SELECT e.raw, e.id FROM buzz_storedevent e WHERE {where} ORDER BY e.created_at DESC, e.id LIMIT %s",
-                [*args, f.limit],
+    for f in filters:
+        if f.limit == 0 or _matches_nothing(f):
+            continue
+        where, args = _where(community_id, f, readable_channels)
+        remaining = f.limit
+        after: tuple[int, str] | None = None
+        while remaining > 0:
+            page = min(PAGE_ROWS, remaining)
+            keyset = ""
+            page_args = list(args)
+            if after is not None:
+                keyset = " AND (e.created_at < %s OR (e.created_at = %s AND e.id > %s))"
+                page_args += [after[0], after[0], after[1]]
+            sql = (
+                f"SELECT e.raw, e.id, e.created_at FROM buzz_storedevent e WHERE {where}{keyset}"  # noqa: S608
+                " ORDER BY e.created_at DESC, e.id LIMIT %s"
             )
-            for raw, event_id in await cur.fetchall():
+            async with pool.connection() as conn:
+                rows = await (await conn.execute(sql, [*page_args, page])).fetchall()
+            for raw, event_id, created_at in rows:
+                after = (created_at, event_id)
                 if event_id not in seen:
                     seen.add(event_id)
-                    out.append((event_id, raw))
-    return out
+                    yield event_id, raw
+            remaining -= len(rows)
+            if len(rows) < page:
+                break
 
 
 async def count_events(

@@ -90,9 +90,13 @@ def live_message(event: Event) -> dict[str, Any]:
     return {"t": "event", "event": event.to_dict()}
 
 
-def publish_event(community_id: int, channel: uuid.UUID, event: Event) -> None:
-    """After commit: tell live subscribers of the channel (retried until it succeeds)."""
-    runtime.publisher().publish_soon(topic_for_channel(community_id, str(channel)), live_message(event))
+PUBLISH_WAIT = 1.0  # seconds OK waits for the live signal; past that it stays queued and is retried
+
+
+async def publish_event(community_id: int, channel: uuid.UUID, event: Event) -> None:
+    """After commit, before OK: tell live subscribers of the channel (retried until it succeeds)."""
+    topic = topic_for_channel(community_id, str(channel))
+    await runtime.publisher().publish_confirmed(topic, live_message(event), timeout=PUBLISH_WAIT)
 
 
 async def post_message(actor: Actor, event: Event) -> WriteResult:
@@ -120,7 +124,7 @@ async def post_message(actor: Actor, event: Event) -> WriteResult:
         row = await (await conn.execute(_POST_SQL, params)).fetchone()
     if not row or row[0] == 0:
         return WriteResult.accepted("duplicate: already have this event")
-    publish_event(actor.community.id, channel, event)
+    await publish_event(actor.community.id, channel, event)
     return WriteResult.accepted()
 
 

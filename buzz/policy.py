@@ -275,6 +275,33 @@ WHERE c.community_id = %(community)s AND c.deleted_at IS NULL
 """
 
 
+_STANDING_SQL = """
+SELECT
+  EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = %(pubkey)s
+          AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())),
+  (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s AND k.revoked_at IS NULL
+          AND (k.expires_at IS NULL OR k.expires_at > now())))
+"""
+
+
+async def check_reader(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> Decision:
+    """Reading without naming channels: the scope, a live token and no ban (the per-channel checks follow)."""
+    if not has_scope(actor, SCOPE_READ):
+        return Decision.deny(f"restricted: this token lacks the {SCOPE_READ} scope")
+    params = {"community": actor.community.id, "pubkey": actor.pubkey, "token": actor.token_id}
+    if conn is None:
+        pool = await runtime.pool()
+        async with pool.connection() as own:
+            row = await (await own.execute(_STANDING_SQL, params)).fetchone()
+    else:
+        row = await (await conn.execute(_STANDING_SQL, params)).fetchone()
+    if row is None or not row[1]:
+        return Decision.deny(TOKEN_INVALID)
+    if row[0]:
+        return Decision.deny(BANNED)
+    return Decision(True)
+
+
 async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> list[uuid.UUID]:
     """Channels a REQ without #h covers: memberships and listed open channels (unlisted need an explicit #h)."""
     if not has_scope(actor, SCOPE_READ):

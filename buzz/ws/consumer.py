@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
-from channels.consumer import AsyncConsumer
+from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 
 from buzz.tokens import authenticate_bearer
@@ -13,9 +15,21 @@ from buzz.ws.session import Session
 
 log = logging.getLogger(__name__)
 
+CLOSE_SEND_TIMEOUT = 30.0
+
 
 class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
     session: Session | None = None
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' own dispatch hops to the ORM thread (close_old_connections) before every
+        # frame. This consumer never touches the ORM on the event loop thread (hot paths use the
+        # async pool; ORM services run in worker threads), and that hop cost a third of the CPU
+        # per frame (bench/frames.py with py-spy), so dispatch goes straight to the handler.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
         community = self.scope["community"]
@@ -50,7 +64,10 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
     async def _close(self, code: int) -> None:
         if self.session is not None:
             await self.session.shutdown()
-        await self.send({"type": "websocket.close", "code": code})
+        # The close frame waits behind whatever the client has not read; don't wait for it forever.
+        # If it can't be written, the server's keepalive ends the transport.
+        with contextlib.suppress(TimeoutError, RuntimeError):
+            await asyncio.wait_for(self.send({"type": "websocket.close", "code": code}), CLOSE_SEND_TIMEOUT)
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

@@ -21,7 +21,7 @@ from buzz.events import count_events
 from buzz.ingest import Actor, event_id_of, ingest
 from buzz.limits import Limits, limits
 from buzz.nostr import ProtocolError, parse_event, verify_auth_event
-from buzz.policy import check_read, parse_channel_id, readable_channels
+from buzz.policy import check_read, check_reader, parse_channel_id, readable_channels
 from buzz.ws.frames import (
     AuthFrame,
     CloseFrame,
@@ -186,6 +186,10 @@ class Session:
                     self.reply(["CLOSED", sub_id, decision.reason])
                     return None
             if wide:
+                standing = await check_reader(self.actor)
+                if not standing.ok:
+                    self.reply(["CLOSED", sub_id, standing.reason])
+                    return None
                 named.update(await readable_channels(self.actor))
         except Exception:
             log.exception("access check failed")

@@ -91,11 +91,11 @@ class ReqSubscription:
                 except HubUnavailable:
                     self.end("error: live delivery is unavailable right now, try again")
                     return
-            rows = await query_events(self.session.community.id, self.filters, readable_channels=self.channels)
             outbound = self.session.outbound
-            sent = self._sent_ids
-            assert sent is not None
-            for event_id, raw in rows:
+            sent: set[str] = set()
+            self._sent_ids = sent
+            rows = query_events(self.session.community.id, self.filters, readable_channels=self.channels)
+            async for event_id, raw in rows:
                 sent.add(event_id)
                 await outbound.put(self._prefix + raw + "]", timeout=STORED_SEND_TIMEOUT)
             await outbound.put(dumps(["EOSE", self.sub_id]), timeout=STORED_SEND_TIMEOUT)

@@ -1,0 +1,265 @@
+"""Publishing change signals after commit, retried until Redis takes them (NIP-AR sync rule 5).
+
+Two entry points:
+
+* `Publisher.publish_soon` for the async relay: queue and return at once; one
+  background task sends the queue in order, in pipelined batches, and retries a
+  failed batch with capped, jittered backoff until it succeeds or the process
+  stops. A retried batch may be published twice; that is harmless, a signal only
+  says "this d changed" and the reader reads the current head.
+* `publish_on_commit` for the synchronous ORM side (admin, management commands):
+  `transaction.on_commit` runs one PUBLISH with the sync redis client, retried for
+  a bounded time (30 s by default) and then logged as an error, because a cron job
+  must not hang forever on a Redis outage.
+
+The queue bound. `Publisher` holds at most `max_pending` messages (100,000 by
+default). When that is hit, the OLDEST message is dropped and the newest kept, an
+error is logged and `dropped` counts it. The bound is well over ten seconds of
+writes at this machine's measured PostgreSQL ceiling, so it is reached only after
+a long publish outage. Keeping the newest favours the changes most likely to be
+still unseen; memory stays bounded. A drop is a real loss, though: if Redis itself
+was down, the hub's pub/sub connection dropped too and every sync of this node was
+already ended with a resync, but a sync on another node that stayed connected can
+miss a dropped signal without being told. Hence the error log, which is meant to
+page someone.
+
+Order: one FIFO for all topics, so each topic's messages go out in the order they
+were queued (the spec does not need any order across topics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import time
+from collections import deque
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .hub import Hub, encode_message
+
+__all__ = ["Publisher", "publish_on_commit"]
+
+logger = logging.getLogger("buzz.live")
+
+# A failure is logged when it starts and then at most this often while it lasts.
+_LOG_EVERY = 30.0
+
+
+def _backoff(failures: int, base: float, cap: float) -> float:
+    step = min(cap, base * 2.0 ** min(failures - 1, 30))
+    return step / 2 + random.uniform(0, step / 2)  # noqa: S311 (jitter, not crypto)
+
+
+class Publisher:
+    """Queues messages and publishes them through `hub` in the background."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        max_pending: int = 100_000,
+        batch_max: int = 256,
+        retry_base: float = 0.05,
+        retry_cap: float = 5.0,
+    ) -> None:
+        if max_pending < 1 or batch_max < 1:
+            raise ValueError("max_pending and batch_max must be at least 1")
+        self._hub = hub
+        self._max_pending = max_pending
+        self._batch_max = batch_max
+        self._retry_base = retry_base
+        self._retry_cap = retry_cap
+        # (sequence number, topic, message, waiter); the number lets the sender pop
+        # exactly the batch it sent even if overflow dropped some of it meanwhile.
+        self._queue: deque[tuple[int, str, dict[str, Any], asyncio.Future[bool] | None]] = deque()
+        self._seq = 0
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        #: Messages dropped because the queue was full (see the module doc).
+        self.dropped = 0
+        self._last_drop_log = -_LOG_EVERY
+
+    @property
+    def pending(self) -> int:
+        """Messages queued and not yet confirmed published."""
+        return len(self._queue)
+
+    def publish_soon(self, topic: str, message: dict[str, Any]) -> None:
+        """Queue one message; it is sent in the background, retried until it succeeds.
+
+        Call from the event loop's thread (async context). Encoding problems raise here.
+        """
+        self._enqueue(topic, message, None)
+
+    async def publish_confirmed(self, topic: str, message: dict[str, Any], *, timeout: float) -> bool:
+        """Like `publish_soon`, then wait until this message is published (True).
+
+        False if `timeout` passes first (it stays queued and keeps being retried) or
+        if the full queue dropped it. For a caller that answers OK only after the
+        signal is out; cancelling the wait does not cancel the publish.
+        """
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._enqueue(topic, message, waiter)
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)
+        return bool(done) and waiter.result()
+
+    def _enqueue(self, topic: str, message: dict[str, Any], waiter: asyncio.Future[bool] | None) -> None:
+        if self._closed:
+            raise RuntimeError("publisher is closed")
+        encode_message(message)  # fail now, in the caller, for a message that can never be sent
+        loop = asyncio.get_running_loop()
+        if len(self._queue) >= self._max_pending:
+            dropped_waiter = self._queue.popleft()[3]
+            if dropped_waiter is not None and not dropped_waiter.done():
+                dropped_waiter.set_result(False)
+            self.dropped += 1
+            now = loop.time()
+            if now - self._last_drop_log >= _LOG_EVERY:
+                self._last_drop_log = now
+                logger.error(
+                    "live publisher queue full (%d pending): dropping the oldest signals, %d so far; "
+                    "syncs that miss them are not told",
+                    self._max_pending,
+                    self.dropped,
+                )
+        self._seq += 1
+        self._queue.append((self._seq, topic, message, waiter))
+        self._idle.clear()
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run(), name="buzz-live-publisher")
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until everything queued so far is published; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def aclose(self, timeout: float = 5.0) -> bool:
+        """Flush for up to `timeout`, then stop the sender. True if nothing was left."""
+        flushed = await self.flush(timeout)
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=1.0)
+        if self._queue:
+            logger.error("live publisher stopped with %d signals unsent", len(self._queue))
+        for _, _, _, waiter in self._queue:
+            if waiter is not None and not waiter.done():
+                waiter.set_result(False)
+        return flushed
+
+    async def _run(self) -> None:
+        failures = 0
+        failing_since = 0.0
+        last_log = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [self._queue[i] for i in range(min(self._batch_max, len(self._queue)))]
+            try:
+                await self._hub.publish_many([(topic, message) for _, topic, message, _ in batch])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                now = loop.time()
+                if failures == 1:
+                    failing_since = last_log = now
+                    logger.warning("live publish failed, retrying: %s", exc)
+                elif now - last_log >= _LOG_EVERY:
+                    last_log = now
+                    logger.warning(
+                        "live publish still failing after %.0fs (%d attempts, %d pending): %s",
+                        now - failing_since,
+                        failures,
+                        len(self._queue),
+                        exc,
+                    )
+                await asyncio.sleep(_backoff(failures, self._retry_base, self._retry_cap))
+                continue
+            if failures:
+                logger.info("live publish recovered after %d failed attempts", failures)
+                failures = 0
+            last_seq = batch[-1][0]
+            while self._queue and self._queue[0][0] <= last_seq:
+                waiter = self._queue.popleft()[3]
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(True)
+
+
+@functools.lru_cache(maxsize=8)
+def _sync_client(redis_url: str) -> redis.Redis:
+    # One client (and connection pool) per URL for the process; redis.Redis is thread-safe.
+    # redis-py's own retries are off: _publish_blocking retries with its own budget.
+    return redis.Redis.from_url(
+        redis_url,
+        socket_connect_timeout=2.0,
+        socket_timeout=2.0,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def _publish_blocking(redis_url: str, wire: str, payload: bytes, budget: float) -> bool:
+    deadline = time.monotonic() + budget
+    failures = 0
+    while True:
+        try:
+            _sync_client(redis_url).publish(wire, payload)
+            return True
+        except (redis.RedisError, OSError) as exc:
+            failures += 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                logger.error(
+                    "live publish to %r gave up after %d attempts in %.0fs: %s; open syncs may miss this change",
+                    wire,
+                    failures,
+                    budget,
+                    exc,
+                )
+                return False
+            time.sleep(min(remaining, _backoff(failures, 0.05, 2.0)))
+
+
+def publish_on_commit(
+    redis_url: str,
+    topic: str,
+    message: dict[str, Any],
+    *,
+    prefix: str = "buzz:",
+    budget: float = 30.0,
+    using: str | None = None,
+) -> None:
+    """After the current transaction commits, PUBLISH `message` on `topic` (sync ORM side).
+
+    Outside a transaction Django runs the callback at once. The callback blocks the
+    committing thread while it retries, for at most about `budget` seconds (plus one
+    socket timeout), then logs an error and returns: a management command must not
+    hang forever on a Redis outage. Nothing is published if the transaction rolls back.
+    """
+    from django.db import transaction
+
+    payload = encode_message(message)
+    wire = prefix + topic
+    transaction.on_commit(
+        functools.partial(_publish_blocking, redis_url, wire, payload, budget),
+        using=using,
+        robust=True,
+    )
