@@ -142,3 +142,11 @@ BUZZ_DB_POOL = {
     "max_size": env.int("BUZZ_DB_POOL_MAX", default=10),
     "timeout": env.float("BUZZ_DB_POOL_TIMEOUT", default=10.0),
 }
+
+# Write quota per pubkey (token bucket shared by all nodes through Redis). per_second 0 disables it.
+BUZZ_WRITE_QUOTA = {
+    "per_second": env.float("BUZZ_WRITES_PER_SECOND", default=20.0),
+    "burst": env.float("BUZZ_WRITE_BURST", default=100.0),
+}
+# Key prefix for everything the relay keeps in Redis (quotas, NIP-98 replay guard, pub/sub topics).
+BUZZ_REDIS_PREFIX: str = env.str("BUZZ_REDIS_PREFIX", default="buzz:")
