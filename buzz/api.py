@@ -64,7 +64,8 @@ async def _readable_channel(request: HttpRequest, channel_id: str) -> tuple[Any,
     decision = await check_read(actor, channel)
     if not decision.ok:
         # The same answer for a missing and an unreadable channel.
-        return _error(decision.reason, 403 if decision.reason.startswith("restricted") else 401), None
+        # restricted/blocked (no access, banned) are 403; auth-required (a dead token) is 401.
+        return _error(decision.reason, 403 if decision.reason.startswith(("restricted", "blocked")) else 401), None
     return actor, channel
 
 

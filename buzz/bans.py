@@ -14,6 +14,9 @@ from buzz.models import Ban, Community, Timeout
 
 def ban_add(*, community: Community, pubkey: str, reason: str = "", duration: dt.timedelta | None = None) -> Ban:
     check_pubkey(pubkey)
+    if duration is not None and duration <= dt.timedelta(0):
+        # timedelta(0) is falsy: without this check it would silently become a ban until lifted.
+        raise ValueError("a ban duration must be positive")
     with transaction.atomic():
         ban = Ban.objects.create(
             community=community,

@@ -207,7 +207,9 @@ def channel_create(
         ChannelStats.objects.create(channel=channel)
         if channel_type == ChannelType.DM:
             # DM participants are peers: nobody owns a DM.
-            Membership.objects.bulk_create([Membership(channel=channel, pubkey=p, role=ChannelRole.MEMBER) for p in people])
+            Membership.objects.bulk_create(
+                [Membership(channel=channel, pubkey=p, role=ChannelRole.MEMBER) for p in people]
+            )
         else:
             Membership.objects.create(channel=channel, pubkey=creator, role=ChannelRole.OWNER)
         if request is not None:

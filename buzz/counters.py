@@ -72,13 +72,18 @@ async def thread_counts(actor: Actor, channel: uuid.UUID, root_id: str) -> dict[
 
 
 async def unread_counts(actor: Actor) -> list[dict[str, Any]]:
+    # Only channels the actor may read now: readable_channels applies the scope, a ban,
+    # the token's state and its channel limit, like every other read.
+    readable = set(await readable_channels(actor))
+    if not readable:
+        return []
     pool = await runtime.pool()
     async with pool.connection() as conn:
         rows = await (await conn.execute(_UNREAD, (actor.pubkey, actor.community.id))).fetchall()
     return [
         {"channel": str(c), "messages": total, "unread": max(0, total - mark)}
         for c, total, mark in rows
-        if actor.channels is None or str(c) in actor.channels
+        if c in readable
     ]
 
 

@@ -21,7 +21,7 @@ from buzz.ingest import Actor, WriteResult, register_kind
 from buzz.live.hub import topic_for_channel
 from buzz.models import Community, StoredEvent
 from buzz.nostr import Event, ProtocolError
-from buzz.policy import SCOPE_CHANNELS_WRITE, SCOPE_WRITE, check_manage, check_post
+from buzz.policy import NOT_A_MEMBER, SCOPE_CHANNELS_WRITE, SCOPE_WRITE, check_manage, check_post
 from buzz.runtime import runtime
 
 KIND_MESSAGE = 9
@@ -103,7 +103,8 @@ async def post_message(actor: Actor, event: Event) -> WriteResult:
     channel, decision = await check_post(actor, event)
     if not decision.ok:
         return WriteResult.rejected(decision.reason)
-    assert decision.access is not None
+    if decision.access is None or decision.access.channel_pk is None:
+        return WriteResult.rejected(NOT_A_MEMBER)
     names, values = indexed_tags(event)
     params = {
         "id": event.id,

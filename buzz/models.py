@@ -24,7 +24,9 @@ class RelayRole(models.TextChoices):
 class Community(models.Model):
     """One Buzz workspace. Requests select it by their Host header."""
 
-    host = models.CharField(max_length=253, unique=True, help_text="Host header value, lowercase, with :port when not default")
+    host = models.CharField(
+        max_length=253, unique=True, help_text="Host header value, lowercase, with :port when not default"
+    )
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True, default="")
     public_url = models.CharField(
@@ -164,7 +166,9 @@ class Membership(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["channel", "pubkey"], condition=models.Q(removed_at__isnull=True), name="membership_active_unique"
+                fields=["channel", "pubkey"],
+                condition=models.Q(removed_at__isnull=True),
+                name="membership_active_unique",
             )
         ]
         indexes = [models.Index(fields=["pubkey", "channel"], name="membership_by_pubkey")]

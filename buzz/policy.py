@@ -49,8 +49,8 @@ ARCHIVED = "invalid: channel is archived"
 BANNED = "blocked: this pubkey is banned from the community"
 MISSING_H = "invalid: event needs an h tag naming its channel"
 BAD_H = "invalid: h tag must be a lowercase channel UUID"
-TOKEN_INVALID = "auth-required: this token is revoked or expired"
-TOKEN_CHANNEL = "restricted: this token does not cover that channel"
+TOKEN_INVALID = "auth-required: this token is revoked or expired"  # noqa: S105 - a message, not a secret
+TOKEN_CHANNEL = "restricted: this token does not cover that channel"  # noqa: S105 - a message
 
 WRITER_ROLES = frozenset({"owner", "admin", "member", "guest", "bot"})
 MANAGER_ROLES = frozenset({"owner", "admin"})
@@ -150,7 +150,8 @@ async def load_access(
     else:
         cur = await conn.execute(_ACCESS_SQL, params)
         row = await cur.fetchone()
-    assert row is not None
+    if row is None:  # the query always returns one row
+        raise RuntimeError("access query returned no row")
     banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok = row
     return ChannelAccess(
         token_ok=bool(token_ok),

@@ -70,7 +70,8 @@ class Runtime:
                 )
                 await pool.open(wait=True, timeout=limits["timeout"])
                 self._pool = pool
-        assert self._pool is not None
+        if self._pool is None:
+            raise RuntimeError("database pool failed to open")
         return self._pool
 
     def redis(self) -> Redis:

@@ -20,7 +20,7 @@ from buzz.ingest import Actor
 from buzz.models import ApiToken, Community
 from buzz.runtime import runtime
 
-TOKEN_PREFIX = "buzz_"
+TOKEN_PREFIX = "buzz_"  # noqa: S105 - a prefix, not a secret
 
 
 def hash_token(token: str) -> str:

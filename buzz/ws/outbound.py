@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Awaitable, Callable
 
 
@@ -113,7 +114,5 @@ class Outbound:
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # the writer's end is not an error
                 await task
-            except (asyncio.CancelledError, Exception):  # noqa: S110 - the writer's end is not an error
-                pass

@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from buzz.communities import CommunityInfo, admitted
@@ -58,7 +58,7 @@ class Session:
         *,
         community: CommunityInfo,
         send_text: Callable[[str], Awaitable[None]],
-        close: Callable[[int], Awaitable[None]],
+        close: Callable[[int], Coroutine[Any, Any, None]],
         actor: Actor | None = None,
     ) -> None:
         self.community = community
@@ -165,7 +165,9 @@ class Session:
         answer for missing and unreadable); a filter without #h covers every
         channel the reader can read that is listed or joined.
         """
-        assert self.actor is not None
+        actor = self.actor
+        if actor is None:
+            return None
         named: set[uuid.UUID] = set()
         wide = False
         for f in filters:
@@ -181,16 +183,16 @@ class Session:
                 named.add(channel)
         try:
             for channel in sorted(named):
-                decision = await check_read(self.actor, channel)
+                decision = await check_read(actor, channel)
                 if not decision.ok:
                     self.reply(["CLOSED", sub_id, decision.reason])
                     return None
             if wide:
-                standing = await check_reader(self.actor)
+                standing = await check_reader(actor)
                 if not standing.ok:
                     self.reply(["CLOSED", sub_id, standing.reason])
                     return None
-                named.update(await readable_channels(self.actor))
+                named.update(await readable_channels(actor))
         except Exception:
             log.exception("access check failed")
             self.reply(["CLOSED", sub_id, "error: could not check channel access, try again"])

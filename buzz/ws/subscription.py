@@ -11,6 +11,7 @@ gap is never silent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -66,10 +67,9 @@ class ReqSubscription:
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-            try:
+            # The read is being abandoned; how it ends does not matter.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            except (asyncio.CancelledError, Exception):  # noqa: S110 - the read is being abandoned
-                pass
         live, self._live = self._live, None
         if live is not None:
             await live.close()
@@ -163,7 +163,8 @@ class ReqSubscription:
     async def _recheck(self, channel: str) -> None:
         try:
             actor = self.session.actor
-            assert actor is not None
+            if actor is None:
+                raise RuntimeError("subscription without an authenticated actor")
             decision = await check_read(actor, uuid.UUID(channel))
         except Exception:
             log.exception("access re-check failed")

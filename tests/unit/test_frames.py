@@ -61,7 +61,9 @@ def test_arbitrary_json_never_crashes(value: object) -> None:
         assert isinstance(frame, EventFrame | AuthFrame | ReqFrame | CountFrame | CloseFrame)
 
 
-@given(st.sampled_from(["REQ", "COUNT"]), st.text(min_size=1, max_size=64), st.lists(json_values, min_size=1, max_size=4))
+@given(
+    st.sampled_from(["REQ", "COUNT"]), st.text(min_size=1, max_size=64), st.lists(json_values, min_size=1, max_size=4)
+)
 @settings(max_examples=300)
 def test_req_with_arbitrary_filters(verb: str, sub_id: str, filters: list[object]) -> None:
     text = json.dumps([verb, sub_id, *filters])

@@ -51,7 +51,8 @@ def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
             rows,
         )
         cur.executemany(
-            "INSERT INTO buzz_eventtag (event_id, name, value) VALUES (%s, 'h', %s)", [(r[0], str(channel)) for r in rows]
+            "INSERT INTO buzz_eventtag (event_id, name, value) VALUES (%s, 'h', %s)",
+            [(r[0], str(channel)) for r in rows],
         )
     return reader, channel
 

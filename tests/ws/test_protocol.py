@@ -31,9 +31,10 @@ def keys(transactional_db: None) -> dict[str, Signer]:
 
 
 def http_get(relay: Any, host: str, accept: str | None = None) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(relay.http_url + "/", headers={"Host": host, **({"Accept": accept} if accept else {})})
+    headers = {"Host": host, **({"Accept": accept} if accept else {})}
+    req = urllib.request.Request(relay.http_url + "/", headers=headers)  # noqa: S310 - a loopback relay
     try:
-        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback relay
+        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - a loopback relay
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read()

@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Q
+from django.utils import timezone
 
 from buzz.bans import ban_add, ban_lift, timeout_add
 from buzz.management.commands._common import community_arg, duration_arg
@@ -43,7 +45,8 @@ class Command(BaseCommand):
             if action == "add":
                 duration = duration_arg(opts["duration"]) if opts.get("duration") else None
                 ban = ban_add(community=community, pubkey=opts["pubkey"], reason=opts["reason"], duration=duration)
-                self.stdout.write(f"banned {ban.pubkey}" + (f" until {ban.expires_at:%Y-%m-%d %H:%M}" if ban.expires_at else ""))
+                until = f" until {ban.expires_at:%Y-%m-%d %H:%M}" if ban.expires_at else ""
+                self.stdout.write(f"banned {ban.pubkey}{until}")
             elif action == "lift":
                 n = ban_lift(community=community, pubkey=opts["pubkey"])
                 self.stdout.write(f"lifted {n} ban(s) of {opts['pubkey']}")
@@ -54,7 +57,10 @@ class Command(BaseCommand):
                 )
                 self.stdout.write(f"timed out {t.pubkey} until {t.until:%Y-%m-%d %H:%M:%S} UTC")
             else:
-                for ban in Ban.objects.filter(community=community, lifted_at__isnull=True).order_by("created_at"):
+                in_force = Ban.objects.filter(community=community, lifted_at__isnull=True).filter(
+                    Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+                )
+                for ban in in_force.order_by("created_at"):
                     self.stdout.write(f"{ban.pubkey}\t{ban.created_at:%Y-%m-%d}\t{ban.expires_at or '-'}\t{ban.reason}")
         except (ValidationError, ValueError) as err:
             text = "; ".join(err.messages) if isinstance(err, ValidationError) else str(err)

@@ -16,6 +16,18 @@ from buzz.management.commands._common import channel_arg, community_arg
 from buzz.models import Channel, ChannelRole, ChannelType, Visibility
 
 
+def existing_channel(community: Any, value: str) -> uuid.UUID:
+    """The channel id argument of a channel that exists (not deleted) in the community, else CommandError.
+
+    The services answer a missing channel like an unreadable one (no existence oracle for
+    clients); an operator gets the plain fact instead.
+    """
+    channel_uuid = channel_arg(value)
+    if not Channel.objects.filter(community=community, uuid=channel_uuid, deleted_at__isnull=True).exists():
+        raise CommandError(f"no channel {value} in {community.host}")
+    return channel_uuid
+
+
 class Command(BaseCommand):
     help = "Create channels, add or remove members, archive, unarchive, delete and list channels."
 
@@ -84,33 +96,37 @@ class Command(BaseCommand):
     def _add_member(self, community: Any, opts: dict[str, Any]) -> None:
         check_pubkey(opts["pubkey"])
         m = services.member_put(
-            community=community, channel_uuid=channel_arg(opts["channel_id"]), actor=None, pubkey=opts["pubkey"],
-            role=opts["role"],
+            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
+            pubkey=opts["pubkey"], role=opts["role"],
         )
         self.stdout.write(f"{m.pubkey} is {m.role} of {opts['channel_id']}")
 
     def _remove_member(self, community: Any, opts: dict[str, Any]) -> None:
         services.member_remove(
-            community=community, channel_uuid=channel_arg(opts["channel_id"]), actor=None, pubkey=opts["pubkey"]
+            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
+            pubkey=opts["pubkey"],
         )
         self.stdout.write(f"removed {opts['pubkey']} from {opts['channel_id']}")
 
     def _archive(self, community: Any, opts: dict[str, Any]) -> None:
         services.channel_edit(
-            community=community, channel_uuid=channel_arg(opts["channel_id"]), actor=None, changes={"archived": "true"}
+            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
+            changes={"archived": "true"},
         )
         self.stdout.write(f"archived {opts['channel_id']}")
 
     def _unarchive(self, community: Any, opts: dict[str, Any]) -> None:
         services.channel_edit(
-            community=community, channel_uuid=channel_arg(opts["channel_id"]), actor=None, changes={"archived": "false"}
+            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
+            changes={"archived": "false"},
         )
         self.stdout.write(f"unarchived {opts['channel_id']}")
 
     def _delete(self, community: Any, opts: dict[str, Any]) -> None:
+        channel_uuid = existing_channel(community, opts["channel_id"])
         if not opts["yes"]:
             raise CommandError("deleting a channel ends its subscriptions and hides its content: add --yes to confirm")
-        services.channel_delete(community=community, channel_uuid=channel_arg(opts["channel_id"]), actor=None)
+        services.channel_delete(community=community, channel_uuid=channel_uuid, actor=None)
         self.stdout.write(f"deleted {opts['channel_id']}")
 
     def _list(self, community: Any, opts: dict[str, Any]) -> None:

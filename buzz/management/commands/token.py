@@ -56,12 +56,13 @@ class Command(BaseCommand):
                 self.stdout.write(f"token id {issued.row.pk} for {issued.row.pubkey} (shown once, store it now):")
                 self.stdout.write(issued.token)
             elif action == "revoke":
-                try:
-                    row = token_revoke(token_id=opts["token_id"])
-                except ApiToken.DoesNotExist:
-                    raise CommandError(f"no token with id {opts['token_id']}") from None
-                if row.community_id != community.pk:
+                # Check the community before revoking: a token of another community is not touched.
+                found = ApiToken.objects.filter(pk=opts["token_id"]).values_list("community_id", flat=True).first()
+                if found is None:
+                    raise CommandError(f"no token with id {opts['token_id']}")
+                if found != community.pk:
                     raise CommandError(f"no token with id {opts['token_id']} in {community.host}")
+                row = token_revoke(token_id=opts["token_id"])
                 self.stdout.write(f"revoked token {row.pk} ({row.prefix}…)")
             else:
                 rows = ApiToken.objects.filter(community=community).order_by("pk")
@@ -70,8 +71,8 @@ class Command(BaseCommand):
                 for t in rows:
                     state = "revoked" if t.revoked_at else "active"
                     channels = ",".join(t.channels) if t.channels is not None else "*"
-                    self.stdout.write(
-                        f"{t.pk}\t{t.prefix}…\t{t.pubkey}\t{','.join(t.scopes)}\t{channels}\t{t.expires_at or '-'}\t{state}"
-                    )
+                    scopes = ",".join(t.scopes)
+                    expiry = t.expires_at or "-"
+                    self.stdout.write(f"{t.pk}\t{t.prefix}…\t{t.pubkey}\t{scopes}\t{channels}\t{expiry}\t{state}")
         except ValidationError as err:
             raise CommandError("; ".join(err.messages)) from None
