@@ -11,7 +11,15 @@ from buzz.ingest import accepted_kinds
 from buzz.limits import limits
 
 # NIPs this relay implements in full. Later features add theirs when they land.
-SUPPORTED_NIPS = [1, 11, 42, 45, 98]
+SUPPORTED_NIPS = [1, 10, 11, 29, 42, 45, 98]
+
+
+def _quota() -> dict[str, Any]:
+    """The write quota (NIP-11 has no field of its own for it): per pubkey, shared by all nodes."""
+    q = settings.BUZZ_WRITE_QUOTA
+    if q["per_second"] <= 0:
+        return {}
+    return {"write_rate_limit": {"per_second": q["per_second"], "burst": q["burst"], "per": "pubkey"}}
 
 
 def relay_document(community: CommunityInfo) -> dict[str, Any]:
@@ -22,6 +30,6 @@ def relay_document(community: CommunityInfo) -> dict[str, Any]:
         "supported_nips": SUPPORTED_NIPS,
         "software": settings.BUZZ_SOFTWARE,
         "version": settings.BUZZ_VERSION,
-        "limitation": limits().nip11(),
+        "limitation": {**limits().nip11(), **_quota()},
         "accepted_kinds": accepted_kinds(),
     }

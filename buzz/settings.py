@@ -133,7 +133,7 @@ BUZZ_LIMITS = {
     "outbound_max_bytes": env.int("BUZZ_OUTBOUND_MAX_BYTES", default=4 * 1024 * 1024),
 }
 
-BUZZ_SOFTWARE = "https://github.com/buzz-artifact-relay"
+BUZZ_SOFTWARE = "buzz-artifact-relay"
 BUZZ_VERSION = "0.1.0"
 
 # Async PostgreSQL pool for the relay's hot paths (buzz.runtime).

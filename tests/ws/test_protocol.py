@@ -184,7 +184,7 @@ async def test_unknown_host_learns_nothing(keys: dict[str, Signer], relay_factor
 
 
 async def test_nip11_document(keys: dict[str, Signer], relay_factory: Any) -> None:
-    relay = relay_factory(BUZZ_MAX_SUBSCRIPTIONS="7")
+    relay = relay_factory(BUZZ_MAX_SUBSCRIPTIONS="7", BUZZ_WRITES_PER_SECOND="5", BUZZ_WRITE_BURST="10")
     status, headers, body = http_get(relay, HOST, accept="application/nostr+json")
     assert status == 200 and headers["content-type"].startswith("application/nostr+json")
     assert headers.get("access-control-allow-origin") == "*"
@@ -202,6 +202,8 @@ async def test_nip11_document(keys: dict[str, Signer], relay_factory: Any) -> No
     ):
         assert isinstance(lim[key], int), key
     assert lim["max_subscriptions"] == 7 and lim["auth_required"] is True
+    assert lim["write_rate_limit"] == {"per_second": 5.0, "burst": 10.0, "per": "pubkey"}
+    assert {9, 9000, 9001, 9002, 9005, 9007, 9008, 9021, 9022}.issubset(doc["accepted_kinds"])
 
 
 async def test_plain_get_is_an_html_page(keys: dict[str, Signer], relay_factory: Any) -> None:
