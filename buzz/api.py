@@ -55,7 +55,8 @@ async def post_event(request: HttpRequest) -> JsonResponse:
 
 
 async def _readable_channel(request: HttpRequest, channel_id: str) -> tuple[Any, uuid.UUID | None]:
-    actor = await _actor_or_error(request, b"")
+    # NIP-98 signs the body's hash: check it against the body actually sent (POST .../read may have one).
+    actor = await _actor_or_error(request, request.body)
     if isinstance(actor, JsonResponse):
         return actor, None
     channel = parse_channel_id(channel_id)

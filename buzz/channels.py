@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from buzz.live.hub import topic_for_channel
@@ -90,7 +90,7 @@ def _owners(channel: Channel) -> int:
 # --- relay-signed state --------------------------------------------------------
 
 
-def _state_events(channel: Channel, signer: Signer) -> list[Event]:
+def _state_events(channel: Channel, signer: Signer, created_at: int) -> list[Event]:
     members = active_members(channel)
     h = str(channel.uuid)
     meta: list[list[str]] = [["d", h], ["name", channel.name]]
@@ -115,11 +115,10 @@ def _state_events(channel: Channel, signer: Signer) -> list[Event]:
     meta = [[str(x) for x in tag] for tag in meta]
     admins = [[str(x) for x in tag] for tag in admins]
     roster = [[str(x) for x in tag] for tag in roster]
-    now = int(time.time())
     return [
-        signer.sign_event(kind=KIND_GROUP_METADATA, tags=meta, content="", created_at=now),
-        signer.sign_event(kind=KIND_GROUP_ADMINS, tags=admins, content="", created_at=now),
-        signer.sign_event(kind=KIND_GROUP_MEMBERS, tags=roster, content="", created_at=now),
+        signer.sign_event(kind=KIND_GROUP_METADATA, tags=meta, content="", created_at=created_at),
+        signer.sign_event(kind=KIND_GROUP_ADMINS, tags=admins, content="", created_at=created_at),
+        signer.sign_event(kind=KIND_GROUP_MEMBERS, tags=roster, content="", created_at=created_at),
     ]
 
 
@@ -148,10 +147,15 @@ def store_event_sync(community: Community, event: Event, channel: uuid.UUID | No
 def refresh_state(channel: Channel) -> None:
     """Replace the channel's relay-signed 39000/39001/39002 events (addressable: one of each)."""
     community = channel.community
-    StoredEvent.objects.filter(community=community, channel_id=channel.uuid, kind__in=STATE_KINDS).delete()
+    current = StoredEvent.objects.filter(community=community, channel_id=channel.uuid, kind__in=STATE_KINDS)
+    # Each replacement must be newer than the one it replaces: for addressable events a client keeps
+    # the newest, and a tie (two changes in one second) goes to the lower id, maybe the stale one.
+    previous = current.aggregate(latest=Max("created_at"))["latest"]
+    current.delete()
     if channel.deleted_at is not None:
         return
-    for event in _state_events(channel, Signer(community.relay_secret)):
+    created_at = max(int(time.time()), previous + 1 if previous is not None else 0)
+    for event in _state_events(channel, Signer(community.relay_secret), created_at):
         store_event_sync(community, event, channel.uuid)
 
 

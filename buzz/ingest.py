@@ -60,19 +60,30 @@ class WriteResult:
 
 
 KindHandler = Callable[[Actor, Event], Awaitable[WriteResult]]
+DuplicateCheck = Callable[[Actor, Event], Awaitable[bool]]
 
-_handlers: dict[int, KindHandler] = {}
+
+@dataclass(frozen=True, slots=True)
+class KindService:
+    accept: KindHandler
+    # True when this exact event was accepted before: the resubmission succeeds without being applied
+    # again, and is answered before the time window and the quota, so a late retry never fails.
+    already_accepted: DuplicateCheck | None = None
 
 
-def register_kind(kind: int, handler: KindHandler) -> None:
+_services: dict[int, KindService] = {}
+
+
+def register_kind(kind: int, handler: KindHandler, *, already_accepted: DuplicateCheck | None = None) -> None:
     """Called from AppConfig.ready(); a kind has exactly one service."""
-    if kind in _handlers and _handlers[kind] is not handler:
+    service = KindService(handler, already_accepted)
+    if kind in _services and _services[kind] != service:
         raise RuntimeError(f"kind {kind} already has a handler")
-    _handlers[kind] = handler
+    _services[kind] = service
 
 
 def accepted_kinds() -> list[int]:
-    return sorted(_handlers)
+    return sorted(_services)
 
 
 def event_id_of(raw: object) -> str:
@@ -84,17 +95,22 @@ def event_id_of(raw: object) -> str:
     return ""
 
 
-def check_event(raw: object, lim: Limits | None = None, now: int | None = None) -> Event:
-    """Shape, limits, id and signature, and the created_at window. Raises ProtocolError."""
+def check_event(raw: object, lim: Limits | None = None) -> Event:
+    """Shape, limits, id and signature. Raises ProtocolError."""
     lim = lim or limits()
     event = parse_event(raw, max_tags=lim.max_event_tags, max_content_bytes=lim.max_content_length)
     verify_event(event)
+    return event
+
+
+def check_window(event: Event, lim: Limits | None = None, now: int | None = None) -> None:
+    """The created_at window. Raises ProtocolError."""
+    lim = lim or limits()
     now = int(time.time()) if now is None else now
     if event.created_at < now - lim.created_at_lower_limit:
         raise ProtocolError(f"invalid: created_at is more than {lim.created_at_lower_limit} seconds in the past")
     if event.created_at > now + lim.created_at_upper_limit:
         raise ProtocolError(f"invalid: created_at is more than {lim.created_at_upper_limit} seconds in the future")
-    return event
 
 
 async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
@@ -108,9 +124,18 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
         return event_id, WriteResult.rejected(err.reason)
     if event.pubkey != actor.pubkey:
         return event.id, WriteResult.rejected("invalid: event pubkey is not the authenticated pubkey")
-    handler = _handlers.get(event.kind)
-    if handler is None:
+    service = _services.get(event.kind)
+    if service is None:
         return event.id, WriteResult.rejected(f"blocked: kind {event.kind} is not accepted by this relay")
+    try:
+        if service.already_accepted is not None and await service.already_accepted(actor, event):
+            return event.id, WriteResult.accepted("duplicate: already accepted")
+        check_window(event)
+    except ProtocolError as err:
+        return event.id, WriteResult.rejected(err.reason)
+    except Exception:
+        log.exception("duplicate check failed for kind %s", event.kind)
+        return event.id, WriteResult.rejected("error: could not store the event, try again")
     try:
         if not await take_write_token(actor.community.id, actor.pubkey):
             return event.id, WriteResult.rejected("rate-limited: slow down, too many writes from this pubkey")
@@ -118,6 +143,10 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
         log.exception("write quota check failed")
         return event.id, WriteResult.rejected("error: could not check the write quota, try again")
     try:
-        return event.id, await handler(actor, event)
+        return event.id, await service.accept(actor, event)
     except ProtocolError as err:
         return event.id, WriteResult.rejected(err.reason)
+    except Exception:
+        # Nothing was stored (each service writes in one transaction); the connection carries on.
+        log.exception("storing a kind %s event failed", event.kind)
+        return event.id, WriteResult.rejected("error: could not store the event, try again")

@@ -21,7 +21,7 @@ from buzz.ingest import Actor, WriteResult, register_kind
 from buzz.live.hub import topic_for_channel
 from buzz.models import Community, StoredEvent
 from buzz.nostr import Event, ProtocolError
-from buzz.policy import NOT_A_MEMBER, SCOPE_CHANNELS_WRITE, SCOPE_WRITE, check_manage, check_post
+from buzz.policy import NOT_A_MEMBER, SCOPE_CHANNELS_WRITE, SCOPE_WRITE, channel_of, check_manage, check_post
 from buzz.runtime import runtime
 
 KIND_MESSAGE = 9
@@ -181,7 +181,18 @@ def _create_group(actor: Actor, event: Event, channel: uuid.UUID) -> None:
 
 
 async def group_event(actor: Actor, event: Event) -> WriteResult:
-    """9000/9001/9002/9005/9007/9008/9021/9022: the policy's manage check, then one channel service."""
+    """9000/9001/9002/9005/9007/9008/9021/9022: the policy's manage check, then one channel service.
+
+    An accepted group event is stored in its channel (REQ #h returns it), so the channel's live
+    subscribers get it too, like a message.
+    """
+    result = await _apply_group_event(actor, event)
+    if result.ok:
+        await publish_event(actor.community.id, channel_of(event), event)
+    return result
+
+
+async def _apply_group_event(actor: Actor, event: Event) -> WriteResult:
     # Deleting a message is a message write; membership and metadata changes need channels:write.
     scope = SCOPE_WRITE if event.kind == KIND_DELETE_EVENT else SCOPE_CHANNELS_WRITE
     channel, decision = await check_manage(actor, event, scope=scope, creating=event.kind == KIND_CREATE_GROUP)

@@ -1,0 +1,109 @@
+"""NIP-AR storage: the head pointer per artifact, every accepted revision, the current-tag index,
+relay-signed move removals, and the clocks later views read (acceptance order, change times).
+
+Only artifacts.services writes these tables.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from buzz.models import Community
+
+
+class Artifact(models.Model):
+    """One artifact identity (community, d) and its current head. The head row is the CAS lock."""
+
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="artifacts")
+    d = models.UUIDField()
+    type = models.CharField(max_length=128)
+    # The current head and the facts about it that reads filter on.
+    # DO_NOTHING: the head and its revision go together (community or artifact deletion cascades both).
+    head = models.ForeignKey("Revision", on_delete=models.DO_NOTHING, related_name="+", null=True)
+    home = models.UUIDField(help_text="h of the current head")
+    root = models.CharField(max_length=64, null=True, blank=True)
+    deleted = models.BooleanField(default=False, help_text="the current head is op=delete")
+    retired = models.BooleanField(default=False, help_text="the current head is redacted")
+    created_at = models.DateTimeField()
+    # Database clock (clock_timestamp()) of the last head change: incremental reads page on it.
+    changed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["community", "d"], name="artifact_identity")]
+        indexes = [
+            models.Index(fields=["community", "home", "d"], name="artifact_home"),
+            models.Index(fields=["community", "changed_at"], name="artifact_changed"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.d}"
+
+
+class Revision(models.Model):
+    """An accepted kind-45010 event. Its id is the event id, so a resubmission is found by key."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="revisions")
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="revisions")
+    op = models.CharField(max_length=8)
+    channel = models.UUIDField(help_text="h: the channel this revision was published in (its read scope)")
+    prev = models.CharField(max_length=64, null=True, blank=True)
+    root = models.CharField(max_length=64, null=True, blank=True)
+    pubkey = models.CharField(max_length=64)
+    created_at = models.BigIntegerField(help_text="the signer's created_at; never orders anything")
+    raw = models.TextField()
+    # Relay acceptance order (a database sequence) and database-clock acceptance time.
+    seq = models.BigIntegerField(unique=True)
+    accepted_at = models.DateTimeField()
+    # Moderation: a redacted revision is withheld everywhere but stays accepted (valid as prev).
+    redacted_at = models.DateTimeField(null=True, blank=True)
+    # Retention: an expired revision's content is gone; its id still anchors prev checks.
+    expired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["artifact", "seq"], name="revision_history"),
+            models.Index(fields=["community", "channel", "seq"], name="revision_channel"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.id[:12]}…"
+
+
+class CurrentTag(models.Model):
+    """(tag name, first value) of the current head only; replaced on every accepted revision."""
+
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="current_tags")
+    name = models.CharField(max_length=128)
+    value = models.TextField()
+
+    # Matched through a hash index on (name, value) made in migration 0002: a value may be longer than a
+    # btree entry allows, and predicates are exact matches only.
+
+
+class MoveRemoval(models.Model):
+    """The relay-signed kind-45011 event a move stores in its source channel."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="move_removals")
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="move_removals")
+    source = models.UUIDField()
+    replaced = models.CharField(max_length=64, help_text="the revision the move replaced")
+    move = models.ForeignKey(Revision, on_delete=models.CASCADE, related_name="+")
+    raw = models.TextField()
+    seq = models.BigIntegerField(unique=True)
+    accepted_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["community", "source", "seq"], name="removal_source")]
+
+    def __str__(self) -> str:
+        return f"removal of {self.artifact_id} from {self.source}"
+
+
+class PolicyStamp(models.Model):
+    """One per community: advanced atomically by every relevant channel-access change (incremental reads)."""
+
+    community = models.OneToOneField(Community, on_delete=models.CASCADE, primary_key=True)
+    stamp = models.BigIntegerField(default=0)
+    changed_at = models.DateTimeField(auto_now=True)
