@@ -9,7 +9,9 @@ class ArtifactsConfig(AppConfig):
         from artifacts import services
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
         from buzz.ingest import register_kind
+        from buzz.nip11 import register_section
 
         register_kind(KIND_ARTIFACT, services.accept_revision, already_accepted=services.already_accepted)
         register_kind(KIND_REMOVAL, services.reject_removal)
         register_kind(5, services.reject_kind5)
+        register_section("artifacts", services.nip11_section)

@@ -21,7 +21,15 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL, Envelope, match_tags, parse_envelope
+from artifacts.envelope import (
+    DEFAULT_LIMITS,
+    ENVELOPE_VERSION,
+    KIND_ARTIFACT,
+    KIND_REMOVAL,
+    Envelope,
+    match_tags,
+    parse_envelope,
+)
 from buzz.communities import CommunityInfo
 from buzz.ingest import Actor, WriteResult
 from buzz.live.hub import topic_for_channel
@@ -326,3 +334,12 @@ async def reject_kind5(actor: Actor, event: Event) -> WriteResult:
     """NIP-AR: kind 5 on an artifact revision is refused with an explicit reason. The same reason answers
     every kind 5, so it never tells whether an id is an artifact revision the sender can't read."""
     return WriteResult.rejected(KIND5_REFUSED)
+
+
+def nip11_section(community: CommunityInfo) -> dict[str, Any]:
+    """NIP-11 `artifacts`: the envelope version and every limit the write path enforces.
+
+    The query modes (current, history, head) and sync are added when those views land; a relay
+    advertises only what every backend serving the connection runs.
+    """
+    return {"version": 1, "envelope": ENVELOPE_VERSION, "limits": DEFAULT_LIMITS.nip11()}

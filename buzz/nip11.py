@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +13,15 @@ from buzz.limits import limits
 
 # NIPs this relay implements in full. Later features add theirs when they land.
 SUPPORTED_NIPS = [1, 10, 11, 29, 42, 45, 98]
+
+
+Section = Callable[[CommunityInfo], dict[str, Any]]
+_sections: dict[str, Section] = {}
+
+
+def register_section(name: str, section: Section) -> None:
+    """Apps add their own objects (artifacts registers "artifacts") from AppConfig.ready()."""
+    _sections[name] = section
 
 
 def _quota() -> dict[str, Any]:
@@ -32,4 +42,5 @@ def relay_document(community: CommunityInfo) -> dict[str, Any]:
         "version": settings.BUZZ_VERSION,
         "limitation": {**limits().nip11(), **_quota()},
         "accepted_kinds": accepted_kinds(),
+        **{name: section(community) for name, section in sorted(_sections.items())},
     }
