@@ -77,7 +77,7 @@ class CurrentTag(models.Model):
     name = models.CharField(max_length=128)
     value = models.TextField()
 
-    # Matched through a hash index on (name, value) made in migration 0002: a value may be longer than a
+    # Matched through an index on (name, md5(value)) made in migration 0002: a value may be longer than a
     # btree entry allows, and predicates are exact matches only.
 
 

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from psycopg import AsyncConnection
 
 from artifacts.envelope import (
@@ -30,6 +31,7 @@ from artifacts.envelope import (
     match_tags,
     parse_envelope,
 )
+from artifacts.query import MODES, QUERY_LIMITS
 from buzz.communities import CommunityInfo
 from buzz.ingest import Actor, WriteResult
 from buzz.live.hub import topic_for_channel
@@ -339,7 +341,13 @@ async def reject_kind5(actor: Actor, event: Event) -> WriteResult:
 def nip11_section(community: CommunityInfo) -> dict[str, Any]:
     """NIP-11 `artifacts`: the envelope version and every limit the write path enforces.
 
-    The query modes (current, history, head) and sync are added when those views land; a relay
-    advertises only what every backend serving the connection runs.
+    Sync (and websocket_query_extensions) are advertised when sync lands: a relay advertises only
+    what every backend serving the connection runs.
     """
-    return {"version": 1, "envelope": ENVELOPE_VERSION, "limits": DEFAULT_LIMITS.nip11()}
+    return {
+        "version": 1,
+        "envelope": ENVELOPE_VERSION,
+        "modes": list(MODES),
+        "limits": {**DEFAULT_LIMITS.nip11(), **QUERY_LIMITS.nip11()},
+        "query_budget_ms": settings.BUZZ_QUERY_BUDGET_MS,
+    }

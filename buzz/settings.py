@@ -150,3 +150,6 @@ BUZZ_WRITE_QUOTA = {
 }
 # Key prefix for everything the relay keeps in Redis (quotas, NIP-98 replay guard, pub/sub topics).
 BUZZ_REDIS_PREFIX: str = env.str("BUZZ_REDIS_PREFIX", default="buzz:")
+
+# NIP-AR queries: every /query and /count runs inside this statement budget; past it, HTTP 503.
+BUZZ_QUERY_BUDGET_MS: int = env.int("BUZZ_QUERY_BUDGET_MS", default=5000)

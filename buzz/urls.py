@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from buzz import api, views
 
@@ -11,5 +11,6 @@ urlpatterns = [
     path("api/channels/<str:channel_id>/counts", api.channel_counts, name="channel-counts"),
     path("api/channels/<str:channel_id>/read", api.mark_read, name="mark-read"),
     path("api/channels/<str:channel_id>/threads/<str:root_id>", api.thread_counts, name="thread-counts"),
+    path("", include("artifacts.urls")),
     path("admin/", admin.site.urls),
 ]

@@ -10,8 +10,10 @@ class Migration(migrations.Migration):
             "CREATE SEQUENCE artifacts_accept_seq",
             "DROP SEQUENCE artifacts_accept_seq",
         ),
+        # Exact (name, value) matches of current-state predicates. A value may be longer than a btree
+        # entry allows, so the index holds md5(value) and the query compares the value itself too.
         migrations.RunSQL(
-            "CREATE INDEX current_tag_match ON artifacts_currenttag USING hash ((name || E'\\x1f' || value))",
+            "CREATE INDEX current_tag_match ON artifacts_currenttag (name, md5(value), artifact_id)",
             "DROP INDEX current_tag_match",
         ),
     ]

@@ -1,0 +1,159 @@
+"""NIP-AR query filters ({"artifact": "current" | "history" | "head", ...}), parsed strictly. Pure.
+
+Nothing is ignored: an unknown key, an over-limit request or a malformed value is
+a QueryError with an `invalid:` reason (HTTP 400). Limits are advertised in NIP-11.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final
+
+from artifacts.envelope import DEFAULT_LIMITS, KIND_ARTIFACT
+
+MODES: Final = ("current", "history", "head")
+
+
+@dataclass(frozen=True, slots=True)
+class QueryLimits:
+    max_predicates: int = 32
+    max_values: int = 256
+    max_name_bytes: int = DEFAULT_LIMITS.max_tag_name_bytes
+    max_value_bytes: int = DEFAULT_LIMITS.max_tag_value_bytes
+    max_total_bytes: int = 65536
+    default_limit: int = 100
+    max_limit: int = 1000
+    max_offset: int = 10000
+
+    def nip11(self) -> dict[str, int]:
+        return {
+            "max_predicates": self.max_predicates,
+            "max_values": self.max_values,
+            "max_predicate_name_bytes": self.max_name_bytes,
+            "max_predicate_value_bytes": self.max_value_bytes,
+            "max_predicate_bytes": self.max_total_bytes,
+            "default_limit": self.default_limit,
+            "max_limit": self.max_limit,
+            "max_offset": self.max_offset,
+        }
+
+
+QUERY_LIMITS: Final = QueryLimits()
+
+
+class QueryError(ValueError):
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactQuery:
+    mode: str
+    # (tag name, accepted values): names AND together, values of one name OR.
+    predicates: tuple[tuple[str, tuple[str, ...]], ...]
+    limit: int
+    offset: int
+    paged: bool  # a limit or offset was given (sync forbids both)
+
+    def values(self, name: str) -> tuple[str, ...] | None:
+        for n, values in self.predicates:
+            if n == name:
+                return values
+        return None
+
+    def channels(self) -> list[uuid.UUID] | None:
+        """#h as channel ids (None when absent). An id that isn't a UUID can't match any channel."""
+        values = self.values("h")
+        if values is None:
+            return None
+        out: list[uuid.UUID] = []
+        for v in values:
+            try:
+                out.append(uuid.UUID(v))
+            except ValueError:
+                continue
+        return out
+
+
+def _utf8(value: str) -> int:
+    return len(value) if value.isascii() else len(value.encode("utf-8"))
+
+
+def _int(key: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QueryError(f"invalid: {key} must be an integer")
+    if not lo <= value <= hi:
+        raise QueryError(f"invalid: {key} must be from {lo} to {hi}")
+    return value
+
+
+def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuery:
+    if not isinstance(raw, dict):
+        raise QueryError("invalid: a query filter must be a JSON object")
+    mode = raw.get("artifact")
+    if mode not in MODES:
+        raise QueryError(f"invalid: artifact must be one of {', '.join(MODES)}")
+    predicates: list[tuple[str, tuple[str, ...]]] = []
+    total_values = 0
+    total_bytes = 0
+    limit = limits.default_limit
+    offset = 0
+    paged = False
+    for key, value in raw.items():
+        if key == "artifact":
+            continue
+        if key == "kinds":
+            if value != [KIND_ARTIFACT]:
+                raise QueryError(f"invalid: kinds must be exactly [{KIND_ARTIFACT}]")
+        elif key == "limit":
+            limit = _int("limit", value, 1, limits.max_limit)
+            paged = True
+        elif key == "offset":
+            offset = _int("offset", value, 0, limits.max_offset)
+            paged = True
+        elif isinstance(key, str) and key.startswith("#") and len(key) > 1:
+            name = key[1:]
+            if _utf8(name) > limits.max_name_bytes:
+                raise QueryError(f"invalid: predicate names are at most {limits.max_name_bytes} bytes")
+            if not isinstance(value, list) or not value:
+                raise QueryError(f"invalid: {key[:64]} must be a non-empty array of strings")
+            if not all(isinstance(v, str) for v in value):
+                raise QueryError(f"invalid: {key[:64]} must be a non-empty array of strings")
+            for v in value:
+                if _utf8(v) > limits.max_value_bytes:
+                    raise QueryError(f"invalid: predicate values are at most {limits.max_value_bytes} bytes")
+                total_bytes += _utf8(v)
+            total_bytes += _utf8(name)
+            total_values += len(value)
+            predicates.append((name, tuple(dict.fromkeys(value))))
+        else:
+            raise QueryError(f"invalid: unsupported query key {str(key)[:64]!r}")
+    if len(predicates) > limits.max_predicates:
+        raise QueryError(f"invalid: at most {limits.max_predicates} predicates per query")
+    if total_values > limits.max_values:
+        raise QueryError(f"invalid: at most {limits.max_values} predicate values per query")
+    if total_bytes > limits.max_total_bytes:
+        raise QueryError(f"invalid: predicates total at most {limits.max_total_bytes} bytes")
+    query = ArtifactQuery(mode=mode, predicates=tuple(predicates), limit=limit, offset=offset, paged=paged)
+    names = {n for n, _ in predicates}
+    if mode == "head":
+        if "d" not in names:
+            raise QueryError("invalid: the head view needs #d")
+        if names - {"d"}:
+            raise QueryError("invalid: the head view takes only #d")
+    if mode == "history" and names - {"d", "h", "type"}:
+        extra = sorted(names - {"d", "h", "type"})[0]
+        raise QueryError(f"invalid: the history view matches #d, #h and #type only, not #{extra[:64]}")
+    return query
+
+
+def parse_query_body(body: Any, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuery:
+    """POST /query and /count take a JSON array holding one filter (NIP-01 style)."""
+    if isinstance(body, dict):
+        return parse_query(body, limits)
+    if not isinstance(body, list) or len(body) != 1:
+        raise QueryError("invalid: the body must be a JSON array with exactly one filter")
+    return parse_query(body[0], limits)
