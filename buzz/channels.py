@@ -155,8 +155,13 @@ def refresh_state(channel: Channel) -> None:
     if channel.deleted_at is not None:
         return
     created_at = max(int(time.time()), previous + 1 if previous is not None else 0)
+    topic = topic_for_channel(channel.community_id, str(channel.uuid))
     for event in _state_events(channel, Signer(community.relay_secret), created_at):
         store_event_sync(community, event, channel.uuid)
+        # Live REQs on the state kinds see each replacement (after commit, like every signal).
+        publish_on_commit(
+            settings.REDIS_URL, topic, {"t": "event", "event": event.to_dict()}, prefix=settings.BUZZ_REDIS_PREFIX
+        )
 
 
 # --- services ------------------------------------------------------------------

@@ -149,6 +149,9 @@ async def _run(fn: Callable[..., Any], **kwargs: Any) -> WriteResult:
     try:
         await sync_to_async(fn, thread_sensitive=False)(**kwargs)
     except ChannelError as err:
+        if err.reason.startswith("duplicate:"):
+            # NIP-01 pairs duplicate: with OK true: the state asked for already holds.
+            return WriteResult.accepted(err.reason)
         return WriteResult.rejected(err.reason)
     return WriteResult.accepted()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from buzz.communities import CommunityInfo, check_pubkey
+from buzz.communities import CommunityInfo, admitted, check_pubkey
 from buzz.ingest import Actor
 from buzz.models import ApiToken, Community
 from buzz.runtime import runtime
@@ -99,6 +99,9 @@ async def authenticate_bearer(community: CommunityInfo, header: str | None) -> A
     if row is None:
         return None
     token_id, pubkey, scopes, channels = row
+    # A token never admits more than NIP-42 would: members-only communities need a relay member.
+    if not await admitted(community, pubkey):
+        return None
     return Actor(
         community=community,
         pubkey=pubkey,

@@ -18,6 +18,7 @@ from typing import Any
 
 from buzz.communities import CommunityInfo, admitted
 from buzz.events import count_events
+from buzz.channels import STATE_KINDS
 from buzz.ingest import Actor, event_id_of, ingest
 from buzz.limits import Limits, limits
 from buzz.nostr import ProtocolError, parse_event, verify_auth_event
@@ -170,10 +171,15 @@ class Session:
             return None
         named: set[uuid.UUID] = set()
         wide = False
+        state_named: set[uuid.UUID] = set()
         for f in filters:
             values = f.tag_values("h")
             if values is None:
                 wide = True
+                # Relay-signed group state (39000-39002) names its channel in d, not h.
+                d_values = f.tag_values("d")
+                if d_values is not None and f.kinds is not None and set(f.kinds) <= set(STATE_KINDS):
+                    state_named.update(c for c in map(parse_channel_id, d_values) if c is not None)
                 continue
             for value in values:
                 channel = parse_channel_id(value)
@@ -193,6 +199,11 @@ class Session:
                     self.reply(["CLOSED", sub_id, standing.reason])
                     return None
                 named.update(await readable_channels(actor))
+                for channel in sorted(state_named - named):
+                    # An unlisted open channel is readable when named; a channel that isn't is
+                    # skipped without a word, so the answer is no existence oracle.
+                    if (await check_read(actor, channel)).ok:
+                        named.add(channel)
         except Exception:
             log.exception("access check failed")
             self.reply(["CLOSED", sub_id, "error: could not check channel access, try again"])
