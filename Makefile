@@ -1,0 +1,55 @@
+# Buzz artifact relay: developer commands. Needs only Python 3.11 and make.
+# With DATABASE_URL / REDIS_URL unset, `run` and `test` start embedded PostgreSQL and
+# Redis with their data under ./var/; with them set, they use those.
+
+PORT ?= 7777
+PYTEST_ARGS ?=
+RUN_ARGS ?=
+BENCH_ARGS ?=
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# The venv is reinstalled only when a requirements file changes.
+REQ_HASH := $(shell cat requirements.txt requirements-dev.txt | { sha256sum 2>/dev/null || shasum -a 256; } | cut -c1-16)
+STAMP := $(VENV)/.installed-$(REQ_HASH)
+
+# mypy's django plugin imports buzz.settings, which requires these; nothing connects to them.
+LINT_ENV := BUZZ_DEV=1 DATABASE_URL=postgres://lint@127.0.0.1:1/lint REDIS_URL=redis://127.0.0.1:1/0
+
+.DEFAULT_GOAL := help
+.PHONY: help venv run test lint bench clean-var
+
+help:
+	@echo "make run [PORT=7777]      migrate, ensure a localhost community, serve on 127.0.0.1:PORT"
+	@echo "make test [PYTEST_ARGS=]  run the whole pytest suite"
+	@echo "make lint                 ruff check . && mypy buzz artifacts moderation"
+	@echo "make bench                run bench/run_all.py"
+	@echo "make clean-var            stop leftover embedded servers and delete ./var"
+	@echo "make venv                 create/update .venv only"
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
+		echo "could not create $(VENV) with $(PYTHON) (on Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 1; }
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: $(STAMP)
+	$(PY) -m buzz.serve --port $(PORT) $(RUN_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(LINT_ENV) $(VENV)/bin/mypy buzz artifacts moderation
+
+bench: $(STAMP)
+	@if [ -f bench/run_all.py ]; then $(PY) bench/run_all.py $(BENCH_ARGS); \
+	else echo "no benchmarks yet (bench/run_all.py is missing)"; fi
+
+clean-var:
+	@if [ -x $(PY) ]; then $(PY) -m buzz.devservices clean var; else rm -rf var; fi

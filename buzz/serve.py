@@ -1,0 +1,131 @@
+"""Serve the relay for development: `python -m buzz.serve [--host H] [--port P]` (what `make run` runs).
+
+With DATABASE_URL / REDIS_URL unset it starts embedded PostgreSQL and Redis with their
+data under ./var/ (see buzz.devservices); with them set it uses those. It migrates,
+makes sure a community exists for localhost, then serves with uvicorn until Ctrl-C or
+SIGTERM, and stops what it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+
+from buzz.devservices import ServiceError, environment_urls
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_APP = "buzz.asgi:application"
+
+
+def ws_implementation() -> str:
+    """uvicorn's sans-I/O websockets protocol when this uvicorn has it.
+
+    Its send() waits while the transport is paused, so a client that stops reading
+    can't make the relay buffer without bound (DESIGN.md, "daphne buffers...").
+    """
+    from uvicorn.config import WS_PROTOCOLS
+
+    return "websockets-sansio" if "websockets-sansio" in WS_PROTOCOLS else "websockets"
+
+
+# uvicorn refuses a frame past this many times BUZZ_MAX_MESSAGE_LENGTH (close 1009) before
+# the relay reads it; below that, the relay answers an oversized message itself.
+TRANSPORT_FRAME_FACTOR = 4
+
+
+def ws_max_size(max_message_length: int) -> int:
+    """uvicorn's --ws-max-size for a relay whose message limit is `max_message_length`."""
+    return TRANSPORT_FRAME_FACTOR * max_message_length
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _manage(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(BASE_DIR / "manage.py"), *args],
+        cwd=BASE_DIR,
+        check=False,
+        text=True,
+        capture_output=capture,
+    )
+
+
+def _ensure_local_community(port: int) -> None:
+    result = _manage("community", "ensure-local", "--port", str(port), capture=True)
+    if result.stdout:
+        print(result.stdout, end="")
+    if result.returncode == 0:
+        if result.stderr:
+            print(result.stderr, end="", file=sys.stderr)
+        return
+    if "Unknown command" in result.stderr:
+        print("warning: `manage.py community` is not available yet; no community was set up for localhost")
+        return
+    print(result.stderr, end="", file=sys.stderr)
+    raise SystemExit(f"`manage.py community ensure-local --port {port}` failed (exit {result.returncode})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m buzz.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=7777)
+    parser.add_argument("--app", default=DEFAULT_APP, help=f"ASGI application to serve (default {DEFAULT_APP})")
+    args = parser.parse_args(argv)
+
+    # SIGTERM takes the same path as Ctrl-C: uvicorn shuts down, then the services stop.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        env, services = environment_urls(BASE_DIR / "var")
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    os.environ.update(env)
+    os.environ.setdefault("BUZZ_DEV", "1")
+    for name, value in env.items():
+        print(f"embedded {name}={value} (data in {BASE_DIR / 'var'})")
+
+    try:
+        migrate = _manage("migrate", "--noinput")
+        if migrate.returncode != 0:
+            print(f"error: migrate failed (exit {migrate.returncode})", file=sys.stderr)
+            return 1
+        _ensure_local_community(args.port)
+
+        import uvicorn
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
+        from django.conf import settings
+
+        print(f"Buzz relay: ws://localhost:{args.port}/  http://localhost:{args.port}/  (Ctrl-C stops it)")
+        uvicorn.run(
+            args.app,
+            host=args.host,
+            port=args.port,
+            ws=ws_implementation(),
+            ws_max_size=ws_max_size(settings.BUZZ_LIMITS["max_message_length"]),
+            access_log=False,
+            log_level="info",
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # A second Ctrl-C must not cut the shutdown short and leave servers behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if services is not None:
+            print("stopping embedded services")
+            services.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
