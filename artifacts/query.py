@@ -65,16 +65,19 @@ class ArtifactQuery:
         return None
 
     def channels(self) -> list[uuid.UUID] | None:
-        """#h as channel ids (None when absent). An id that isn't a UUID can't match any channel."""
+        """#h as channel ids (None when absent). Matching is exact: a value that isn't a channel id as
+        tags spell it (a lowercase hyphenated UUID) can't name any channel, whatever uuid.UUID would accept."""
         values = self.values("h")
         if values is None:
             return None
         out: list[uuid.UUID] = []
         for v in values:
             try:
-                out.append(uuid.UUID(v))
+                parsed = uuid.UUID(v)
             except ValueError:
                 continue
+            if str(parsed) == v:
+                out.append(parsed)
         return out
 
 
@@ -142,8 +145,9 @@ def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuer
     if mode == "head":
         if "d" not in names:
             raise QueryError("invalid: the head view needs #d")
-        if names - {"d"}:
-            raise QueryError("invalid: the head view takes only #d")
+        # #h is the explicit scope an unlisted open channel needs (known-ID reads don't bypass it).
+        if names - {"d", "h"}:
+            raise QueryError("invalid: the head view takes only #d and #h")
     if mode == "history" and names - {"d", "h", "type"}:
         extra = sorted(names - {"d", "h", "type"})[0]
         raise QueryError(f"invalid: the history view matches #d, #h and #type only, not #{extra[:64]}")
@@ -151,9 +155,7 @@ def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuer
 
 
 def parse_query_body(body: Any, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuery:
-    """POST /query and /count take a JSON array holding one filter (NIP-01 style)."""
-    if isinstance(body, dict):
-        return parse_query(body, limits)
+    """POST /query and /count take a JSON array holding one filter (NIP-01 style); nothing else."""
     if not isinstance(body, list) or len(body) != 1:
         raise QueryError("invalid: the body must be a JSON array with exactly one filter")
     return parse_query(body[0], limits)

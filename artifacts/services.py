@@ -37,7 +37,7 @@ from buzz.ingest import Actor, WriteResult
 from buzz.live.hub import topic_for_channel
 from buzz.messages import mentioned
 from buzz.nostr import Event, Signer, verify_owner_attestation
-from buzz.policy import NOT_A_MEMBER, TOKEN_CHANNEL, ChannelAccess, decide_post, load_access
+from buzz.policy import ARCHIVED, NOT_A_MEMBER, TOKEN_CHANNEL, ChannelAccess, decide_post, load_access
 from buzz.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,11 @@ def _hidden(reason: str) -> bool:
     return reason in (NOT_A_MEMBER, TOKEN_CHANNEL)
 
 
+def _channel_bound(reason: str) -> bool:
+    """Denials that depend on the channel checked; the others depend on the sender alone."""
+    return _hidden(reason) or reason == ARCHIVED
+
+
 async def already_accepted(actor: Actor, event: Event) -> bool:
     """Resubmission: the revision id is the event id. Says nothing beyond "you sent this before"."""
     pool = await runtime.pool()
@@ -108,12 +113,17 @@ async def _write_access(
     return decision.ok, decision.reason, access
 
 
+# The artifact row alone: under READ COMMITTED a writer that waited for this lock re-checks the row it
+# locked, and a join in this statement would be re-checked against the head row it read before the wait,
+# dropping the artifact (a false "head unavailable"). The head's tags are read by a later statement.
 _LOCK = """
-SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, r.raw
-FROM artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id
+SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted
+FROM artifacts_artifact a
 WHERE a.community_id = %s AND a.d = %s
-FOR UPDATE OF a
+FOR UPDATE
 """
+
+_HEAD_RAW = "SELECT raw FROM artifacts_revision WHERE id = %s"
 
 _CREATE = """
 WITH art AS (
@@ -241,8 +251,11 @@ async def _advance(
 ) -> tuple[WriteResult, list[uuid.UUID]]:
     row = await (await conn.execute(_LOCK, (actor.community.id, env.d))).fetchone()
     if row is None:
-        return WriteResult.rejected(HEAD_UNAVAILABLE), []
-    pk, type_name, head_id, home, root, deleted, head_raw = row
+        # The sender's own standing (scope, ban, timeout, a dead token) denies an edit of an existing
+        # artifact below; it must deny a missing one alike, or the answer would tell that d exists.
+        ok, reason, _ = await _write_access(actor, env.h, owner, conn)
+        return WriteResult.rejected(reason if not ok and not _channel_bound(reason) else HEAD_UNAVAILABLE), []
+    pk, type_name, head_id, home, root, deleted = row
     # Checked before anything else: can the sender write where the artifact lives now?
     ok, reason, _ = await _write_access(actor, home, owner, conn)
     if not ok:
@@ -280,7 +293,10 @@ async def _advance(
             and not await _anchor_ok(conn, actor.community.id, env.root, env.h)
         ):
             return WriteResult.rejected(ANCHOR_INVALID), []
-    previous_p = _p_tags(json.loads(head_raw)["tags"])
+    head_raw = await (await conn.execute(_HEAD_RAW, (head_id,))).fetchone()
+    if head_raw is None:
+        raise RuntimeError(f"artifact {env.d} has no head revision row")
+    previous_p = _p_tags(json.loads(head_raw[0])["tags"])
     removal = removal_event(actor.community, d=env.d, source=source, replaced=head_id) if source else None
     names, values = _tag_arrays(event)
     seq = await (

@@ -837,3 +837,245 @@ def report_profile(path: Path | None) -> None:
     print(f"  profile written to {path} (the run above was sampled, so it ran slower)")
     if path.suffix == ".txt" and path.exists():
         print("  " + top_frames(path).replace("\n", "\n  "), flush=True)
+
+
+# --- added for bench/ingest.py and bench/live_latency.py ------------------------------------------
+
+
+def start_relay_node(
+    stack: contextlib.ExitStack,
+    env: dict[str, str],
+    primary: Server,
+    *,
+    name: str = "relay-b",
+    app: str = RELAY_APP,
+    app_dir: str | None = None,
+) -> Server:
+    """One more relay process on the same database and Redis as `primary` (already migrated and set up).
+
+    It listens on its own port but serves the same community, so a client talks to it
+    with primary's Host header (and public URL for AUTH); nothing is created or migrated.
+    """
+    port = free_port()
+    log = VAR_DIR / f"{name}.log"
+    args = uvicorn_args(app, port)
+    if app_dir:
+        args += ["--app-dir", str(Path(app_dir).resolve())]
+        env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)}
+    proc = spawn(stack, args, env, log)
+    wait_for_port(port, proc, 60.0, log)
+    return Server(port=port, proc=proc, host_header=primary.host_header, log=log, public_url=primary.public_url)
+
+
+def other_sessions_on(database_url: str, *dbnames: str) -> list[str]:
+    """Connections to the named databases that are not ours (another benchmark may be using them).
+
+    start_relay drops and recreates a bench* database WITH (FORCE), which would cut
+    such a session off mid-run; callers refuse to start instead.
+    """
+    import psycopg
+
+    with psycopg.connect(with_dbname(database_url, "postgres"), autocommit=True, connect_timeout=10) as conn:
+        rows = conn.execute(
+            "SELECT datname, pid, coalesce(application_name, ''), coalesce(client_addr::text, 'local') "
+            "FROM pg_stat_activity WHERE datname = ANY(%s) AND pid <> pg_backend_pid()",
+            (list(dbnames),),
+        ).fetchall()
+    return [f"{d} pid {p} {a!r} from {c}" for d, p, a, c in rows]
+
+
+def backend_pids(database_url: str) -> list[int]:
+    """PostgreSQL backend pids connected to the URL's database (asked through the postgres database)."""
+    import psycopg
+
+    with psycopg.connect(with_dbname(database_url, "postgres"), autocommit=True, connect_timeout=10) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'",
+            (dbname_of(database_url),),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def database_counters(database_url: str) -> dict[str, int]:
+    """pg_stat_database counters of the URL's database, read through the postgres database.
+
+    Reading them from another database keeps the read itself out of xact_commit. A
+    backend publishes its counts at most once a second while busy, after about ten
+    seconds when idle, and at exit: read the final figures after the clients are gone.
+    """
+    import psycopg
+
+    with psycopg.connect(with_dbname(database_url, "postgres"), autocommit=True, connect_timeout=10) as conn:
+        cur = conn.execute(
+            "SELECT xact_commit, xact_rollback, tup_returned, tup_fetched, tup_inserted, tup_updated,"
+            " tup_deleted, blks_read, blks_hit FROM pg_stat_database WHERE datname = %s",
+            (dbname_of(database_url),),
+        )
+        row = cur.fetchone()
+        names = [d.name for d in cur.description or ()]
+    return dict(zip(names, (int(x or 0) for x in row), strict=True)) if row else {}
+
+
+def table_counters(database_url: str) -> dict[str, dict[str, int]]:
+    """pg_stat_user_tables counters per table of the URL's database (this read is one transaction there)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
+        cur = conn.execute(
+            "SELECT relname, coalesce(seq_scan, 0), coalesce(idx_scan, 0), n_tup_ins, n_tup_upd, n_tup_hot_upd,"
+            " n_tup_del FROM pg_stat_user_tables"
+        )
+        keys = ("seq_scan", "idx_scan", "n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del")
+        return {r[0]: dict(zip(keys, (int(x) for x in r[1:]), strict=True)) for r in cur.fetchall()}
+
+
+def redis_counters(redis_url: str) -> dict[str, float]:
+    """Server-wide Redis figures: calls per command and the server's CPU seconds (shared by every user)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        stats = client.info("commandstats")
+        cpu = client.info("cpu")
+    finally:
+        client.close()
+    out: dict[str, float] = {k.removeprefix("cmdstat_"): float(v["calls"]) for k, v in stats.items()}
+    out["cpu_s"] = float(cpu.get("used_cpu_user", 0.0)) + float(cpu.get("used_cpu_sys", 0.0))
+    return out
+
+
+def proc_times(pid: int) -> dict[str, float]:
+    """CPU of one process split by where it went, from /proc (zeros where unreadable).
+
+    user_s / system_s: utime and stime; run_s: time on a CPU and runqueue_s: time
+    runnable but waiting for a CPU (/proc/PID/schedstat, summed over the main thread
+    only); switches: voluntary and involuntary (preempted) context switches.
+    """
+    out = {"user_s": 0.0, "system_s": 0.0, "run_s": 0.0, "runqueue_s": 0.0, "voluntary": 0.0, "involuntary": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["user_s"], out["system_s"] = int(fields[11]) / tick, int(fields[12]) / tick
+        run_ns, wait_ns, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+        out["run_s"], out["runqueue_s"] = int(run_ns) / 1e9, int(wait_ns) / 1e9
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                out["voluntary"] = float(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                out["involuntary"] = float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+# --- added for bench/artifact_writes.py and bench/query_current.py (issue 45) ---------------------
+
+
+class ServerLog:
+    """The PostgreSQL server's own log file, read between two byte offsets.
+
+    Used to capture what the relay's backends did (log_statement = 'all',
+    auto_explain) without touching the relay: the settings are set per database
+    (database_settings below), so only sessions of that database log. The file is
+    found with pg_current_logfile() (logging_collector on) or at the Debian
+    location /var/log/postgresql/postgresql-<cluster_name>.log, and is read
+    directly when this process may, else through pg_read_binary_file (superuser).
+    """
+
+    def __init__(self, database_url: str) -> None:
+        import psycopg
+
+        self.admin_url = with_dbname(database_url, "postgres")
+        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
+            current, data_dir, cluster, superuser = conn.execute(
+                "SELECT pg_current_logfile(), current_setting('data_directory'),"
+                " current_setting('cluster_name'), current_setting('is_superuser')"
+            ).fetchone()  # type: ignore[misc]
+        candidates = []
+        if current:
+            candidates.append(current if current.startswith("/") else f"{data_dir}/{current}")
+        if cluster:
+            candidates.append(f"/var/log/postgresql/postgresql-{cluster.replace('/', '-')}.log")
+        self.superuser = superuser == "on"
+        self.path = ""
+        self.direct = False
+        for path in candidates:
+            if os.access(path, os.R_OK):
+                self.path, self.direct = path, True
+                break
+            if self.superuser and self._server_size(path) is not None:
+                self.path = path
+                break
+        if not self.path:
+            raise BenchError(
+                "the PostgreSQL server log is not readable here (tried: " + ", ".join(candidates or ["nothing"]) + ")"
+            )
+
+    def _server_size(self, path: str) -> int | None:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
+                row = conn.execute("SELECT size FROM pg_stat_file(%s, true)", (path,)).fetchone()
+        except psycopg.Error:
+            return None
+        return int(row[0]) if row and row[0] is not None else None
+
+    def size(self) -> int:
+        if self.direct:
+            return os.stat(self.path).st_size
+        return self._server_size(self.path) or 0
+
+    def read(self, start: int, end: int | None = None) -> str:
+        """The text logged between byte offsets start and end (end: the current size)."""
+        end = self.size() if end is None else end
+        if end <= start:
+            return ""
+        if self.direct:
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+        else:
+            import psycopg
+
+            with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
+                row = conn.execute("SELECT pg_read_binary_file(%s, %s, %s)", (self.path, start, end - start)).fetchone()
+            data = bytes(row[0]) if row else b""
+        return data.decode("utf-8", errors="replace")
+
+    def wait_quiet(self, settle: float = 0.3, timeout: float = 5.0) -> int:
+        """Wait until the file stops growing for `settle` seconds (backends flush their lines); its size."""
+        deadline = time.monotonic() + timeout
+        last = self.size()
+        while time.monotonic() < deadline:
+            time.sleep(settle)
+            now = self.size()
+            if now == last:
+                return now
+            last = now
+        return last
+
+
+@contextlib.contextmanager
+def database_settings(database_url: str, settings: dict[str, str]) -> Any:
+    """ALTER DATABASE <db> SET name = value for each setting while the body runs, then RESET them.
+
+    Only sessions that connect AFTER the ALTER get the values (start the relay inside).
+    Setting log_* or auto_explain.* this way needs a superuser; only bench* databases are touched.
+    """
+    import psycopg
+    from psycopg import sql
+
+    name = dbname_of(database_url)
+    if not name.startswith("bench"):
+        raise BenchError(f"refusing to ALTER DATABASE {name!r}: only bench* databases are scratch")
+    with psycopg.connect(with_dbname(database_url, "postgres"), autocommit=True, connect_timeout=10) as conn:
+        for key, value in settings.items():
+            conn.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                sql.Identifier(name), sql.SQL(key), sql.Literal(value)))  # fmt: skip
+    try:
+        yield
+    finally:
+        with psycopg.connect(with_dbname(database_url, "postgres"), autocommit=True, connect_timeout=10) as conn:
+            for key in settings:
+                conn.execute(sql.SQL("ALTER DATABASE {} RESET {}").format(sql.Identifier(name), sql.SQL(key)))

@@ -78,6 +78,12 @@ class ReqSubscription:
         """End the subscription from the relay's side with CLOSED reason."""
         if self.ended:
             return
+        # Ended from now on, not only once close() runs: no later callback may send an EVENT or a
+        # second CLOSED, and the stored read stops before it queues anything more.
+        self.ended = True
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
         self.session.subscription_ended(self, reason)
 
     # --- initial phase -------------------------------------------------------------
@@ -101,7 +107,6 @@ class ReqSubscription:
             await outbound.put(dumps(["EOSE", self.sub_id]), timeout=STORED_SEND_TIMEOUT)
             self._eose = True
             self._release_held()
-            self._sent_ids = None
         except asyncio.CancelledError:
             raise
         except QueueFull:
@@ -153,12 +158,13 @@ class ReqSubscription:
 
     def _release_held(self) -> None:
         if self._rechecks:
-            return
+            return  # still held; the stored ids stay until then, so a held stored event is not sent twice
         held, self._held = self._held, []
         for event in held:
             if self.ended:
                 return
             self._deliver(event)
+        self._sent_ids = None
 
     async def _recheck(self, channel: str) -> None:
         try:
