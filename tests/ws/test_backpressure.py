@@ -57,6 +57,7 @@ def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
     return reader, channel
 
 
+@pytest.mark.timeout(300)
 async def test_client_that_stops_reading_is_bounded(stocked: tuple[Signer, uuid.UUID], relay_factory: Any) -> None:
     reader, channel = stocked
     relay = relay_factory(
@@ -80,11 +81,13 @@ async def test_client_that_stops_reading_is_bounded(stocked: tuple[Signer, uuid.
         for _ in range(70):
             await asyncio.sleep(0.2)
             peak = max(peak, relay.rss_bytes())
-        # The relay ends the connection once its bounded queue can't take more (1013, try again later).
+        # The relay ends the connection once its bounded queue can't take more: 1013 (try again later),
+        # or, when even the close frame waits too long behind the unread data, its keepalive's 1011.
         with pytest.raises(ConnectionClosed) as info:
-            while True:
-                await asyncio.wait_for(slow.ws.recv(), 30)
-        assert info.value.rcvd is not None and info.value.rcvd.code == 1013, info.value
+            async with asyncio.timeout(120):
+                while True:
+                    await slow.ws.recv()
+        assert info.value.rcvd is not None and info.value.rcvd.code in (1013, 1011), info.value
     growth = peak - baseline
     requested = REQS * 1000 * PAYLOAD
     # What the client asked for is ~60 MB; the relay held a small, bounded fraction of it.
