@@ -206,64 +206,40 @@ async def _apply_group_event(actor: Actor, event: Event) -> WriteResult:
         if _single(event, "name") is None:
             return WriteResult.rejected("invalid: kind 9007 needs one name tag")
         return await _run(_create_group, actor=actor, event=event, channel=channel)
+    if kind == KIND_DELETE_EVENT:
+        return await _run(_delete_event, actor=actor, event=event, channel=channel)
+    service, kwargs = _group_service(actor, event)
+    return await _run(_in_community(actor, service), channel_uuid=channel, request=event, **kwargs)
+
+
+def _in_community(actor: Actor, service: Callable[..., Any]) -> Callable[..., Any]:
+    """The channel service bound to the actor's community, loaded in the worker thread."""
+    return lambda **kwargs: service(community=_community(actor), **kwargs)
+
+
+def _group_service(actor: Actor, event: Event) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The channel service for a membership or metadata event and its arguments from the tags."""
+    kind = event.kind
     if kind == KIND_PUT_USER:
         pubkey, role = _pubkey_tag(event)
-        return await _run(
-            lambda **kw: channel_services.member_put(community=_community(actor), **kw),
-            channel_uuid=channel,
-            actor=actor.pubkey,
-            pubkey=pubkey,
-            role=role or "member",
-            request=event,
-        )
+        return channel_services.member_put, {"actor": actor.pubkey, "pubkey": pubkey, "role": role or "member"}
     if kind == KIND_REMOVE_USER:
-        pubkey, _ = _pubkey_tag(event)
-        return await _run(
-            lambda **kw: channel_services.member_remove(community=_community(actor), **kw),
-            channel_uuid=channel,
-            actor=actor.pubkey,
-            pubkey=pubkey,
-            request=event,
-        )
+        return channel_services.member_remove, {"actor": actor.pubkey, "pubkey": _pubkey_tag(event)[0]}
+    if kind == KIND_LEAVE:
+        return channel_services.member_remove, {"actor": actor.pubkey, "pubkey": actor.pubkey}
+    if kind == KIND_JOIN:
+        return channel_services.channel_join, {"pubkey": actor.pubkey}
+    if kind == KIND_DELETE_GROUP:
+        return channel_services.channel_delete, {"actor": actor.pubkey}
     if kind == KIND_EDIT_METADATA:
         changes: dict[str, str] = {}
         for tag in event.tags:
             if tag[0] in channel_services.EDITABLE and len(tag) >= 2:
                 if tag[0] in changes:
-                    return WriteResult.rejected(f"invalid: metadata field {tag[0]!r} appears twice")
+                    raise ProtocolError(f"invalid: metadata field {tag[0]!r} appears twice")
                 changes[tag[0]] = tag[1]
-        return await _run(
-            lambda **kw: channel_services.channel_edit(community=_community(actor), **kw),
-            channel_uuid=channel,
-            actor=actor.pubkey,
-            changes=changes,
-            request=event,
-        )
-    if kind == KIND_DELETE_GROUP:
-        return await _run(
-            lambda **kw: channel_services.channel_delete(community=_community(actor), **kw),
-            channel_uuid=channel,
-            actor=actor.pubkey,
-            request=event,
-        )
-    if kind == KIND_JOIN:
-        return await _run(
-            lambda **kw: channel_services.channel_join(community=_community(actor), **kw),
-            channel_uuid=channel,
-            pubkey=actor.pubkey,
-            request=event,
-        )
-    if kind == KIND_LEAVE:
-        return await _run(
-            lambda **kw: channel_services.member_remove(community=_community(actor), **kw),
-            channel_uuid=channel,
-            actor=actor.pubkey,
-            pubkey=actor.pubkey,
-            request=event,
-        )
-    if kind == KIND_DELETE_EVENT:
-        return await _run(_delete_event, actor=actor, event=event, channel=channel)
-    return WriteResult.rejected(f"blocked: kind {kind} is not accepted by this relay")
+        return channel_services.channel_edit, {"actor": actor.pubkey, "changes": changes}
+    raise ProtocolError(f"blocked: kind {kind} is not accepted by this relay")
 
 
 DELETE_REFUSED = "restricted: that event can't be deleted by you"
