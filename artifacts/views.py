@@ -8,12 +8,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from artifacts import selectors
-from artifacts.query import ArtifactQuery, QueryError, parse_query_body
+from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query_body
 from buzz.httpauth import AuthFailure, authenticate
 from buzz.ingest import Actor
 from buzz.views import community_of
 
-MAX_BODY = 256 * 1024
+# Room for every filter within the advertised limits, however it is encoded: JSON may spell each
+# predicate byte as a six-character escape (\u0001), plus the filter's own syntax. Past it, 413.
+MAX_BODY = 6 * QUERY_LIMITS.max_total_bytes + 64 * 1024
 
 
 async def _parse(request: HttpRequest) -> tuple[Actor, ArtifactQuery]:

@@ -358,6 +358,7 @@ def uvicorn_args(app: str, port: int) -> list[str]:
         PYTHON, "-m", "uvicorn", app,
         "--host", "127.0.0.1", "--port", str(port),
         "--ws", "websockets-sansio", "--no-access-log", "--log-level", "warning",
+        "--ws-per-message-deflate", "false",
     ]  # fmt: skip
 
 

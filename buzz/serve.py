@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             ws=ws_implementation(),
             ws_max_size=ws_max_size(settings.BUZZ_LIMITS["max_message_length"]),
+            # Relay frames are small JSON; zlib cost ~3% of the CPU per message (bench/ingest.py profile).
+            ws_per_message_deflate=False,
             access_log=False,
             log_level="info",
         )

@@ -127,6 +127,7 @@ class RelayProcess:
                 "--port", str(self.port),
                 "--ws", ws_implementation(),
                 "--ws-max-size", str(ws_max_size(max_message_length)),
+                "--ws-per-message-deflate", "false",
                 "--no-access-log",
                 "--log-level", self.log_level,
             ]  # fmt: skip
