@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
-from artifacts.envelope import DEFAULT_LIMITS, KIND_ARTIFACT
+from artifacts.envelope import AUTH_TAG, DEFAULT_LIMITS, KIND_ARTIFACT
 
 MODES: Final = ("current", "history", "head")
 
@@ -119,6 +119,9 @@ def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuer
             paged = True
         elif isinstance(key, str) and key.startswith("#") and len(key) > 1:
             name = key[1:]
+            if name == AUTH_TAG:
+                # NIP-OA attestations are not content: they are never indexed, so #auth could never match.
+                raise QueryError("invalid: #auth is not a queryable tag")
             if _utf8(name) > limits.max_name_bytes:
                 raise QueryError(f"invalid: predicate names are at most {limits.max_name_bytes} bytes")
             if not isinstance(value, list) or not value:

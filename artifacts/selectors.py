@@ -17,7 +17,7 @@ from django.conf import settings
 
 from artifacts.query import ArtifactQuery, QueryError
 from buzz.ingest import Actor
-from buzz.policy import check_read, check_reader, readable_channels
+from buzz.policy import check_read_many, check_reader, readable_channels
 from buzz.runtime import runtime
 
 # Predicates answered from columns of the head row rather than the tag index.
@@ -31,10 +31,9 @@ async def scope(actor: Actor, query: ArtifactQuery) -> list[uuid.UUID]:
     if named is not None:
         if len(named) != len(query.values("h") or ()):
             raise QueryError("restricted: not a channel member", 403)
-        for channel in named:
-            decision = await check_read(actor, channel)
-            if not decision.ok:
-                raise QueryError(decision.reason, 401 if decision.reason.startswith("auth-required") else 403)
+        decision = await check_read_many(actor, named)
+        if not decision.ok:
+            raise QueryError(decision.reason, 401 if decision.reason.startswith("auth-required") else 403)
         return named
     standing = await check_reader(actor)
     if not standing.ok:

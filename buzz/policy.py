@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +91,9 @@ class Decision:
         return cls(False, reason, access)
 
 
+# One row per asked channel; the ban, timeout and token facts are the actor's, computed once.
 _ACCESS_SQL = """
-SELECT
+SELECT q.u,
   EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = ANY(%(subjects)s)
           AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())),
   (SELECT max(t.until) FROM buzz_timeout t WHERE t.community_id = %(community)s AND t.pubkey = %(pubkey)s
@@ -99,8 +101,8 @@ SELECT
   c.id, c.visibility, c.type, c.archived_at IS NOT NULL, c.deleted_at IS NOT NULL, m.role,
   (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s AND k.revoked_at IS NULL
           AND (k.expires_at IS NULL OR k.expires_at > now())))
-FROM (SELECT 1) AS one
-LEFT JOIN buzz_channel c ON c.community_id = %(community)s AND c.uuid = %(channel)s
+FROM unnest(%(channels)s::uuid[]) AS q(u)
+LEFT JOIN buzz_channel c ON c.community_id = %(community)s AND c.uuid = q.u
 LEFT JOIN buzz_membership m ON m.channel_id = c.id AND m.pubkey = %(pubkey)s AND m.removed_at IS NULL
 """
 
@@ -131,39 +133,48 @@ def channel_of(event: Event) -> uuid.UUID:
     return channel
 
 
-async def load_access(
-    actor: Actor, channel: uuid.UUID, *, owner: str | None = None, conn: AsyncConnection[Any] | None = None
-) -> ChannelAccess:
+async def load_access_many(
+    actor: Actor,
+    channels: Sequence[uuid.UUID],
+    *,
+    owner: str | None = None,
+    conn: AsyncConnection[Any] | None = None,
+) -> dict[uuid.UUID, ChannelAccess]:
+    """The facts about the actor and each channel, in one round trip."""
     subjects = [actor.pubkey] if owner is None else [actor.pubkey, owner]
     params = {
         "community": actor.community.id,
         "subjects": subjects,
         "pubkey": actor.pubkey,
-        "channel": channel,
+        "channels": list(channels),
         "token": actor.token_id,
     }
     if conn is None:
         pool = await runtime.pool()
         async with pool.connection() as own:
-            cur = await own.execute(_ACCESS_SQL, params)
-            row = await cur.fetchone()
+            rows = await (await own.execute(_ACCESS_SQL, params)).fetchall()
     else:
-        cur = await conn.execute(_ACCESS_SQL, params)
-        row = await cur.fetchone()
-    if row is None:  # the query always returns one row
-        raise RuntimeError("access query returned no row")
-    banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok = row
-    return ChannelAccess(
-        token_ok=bool(token_ok),
-        channel_pk=pk,
-        visibility=visibility,
-        type=ctype,
-        archived=bool(archived),
-        deleted=bool(deleted),
-        role=role,
-        banned=bool(banned),
-        timeout_until=timeout_until,
-    )
+        rows = await (await conn.execute(_ACCESS_SQL, params)).fetchall()
+    out: dict[uuid.UUID, ChannelAccess] = {}
+    for channel, banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok in rows:
+        out[channel] = ChannelAccess(
+            token_ok=bool(token_ok),
+            channel_pk=pk,
+            visibility=visibility,
+            type=ctype,
+            archived=bool(archived),
+            deleted=bool(deleted),
+            role=role,
+            banned=bool(banned),
+            timeout_until=timeout_until,
+        )
+    return out
+
+
+async def load_access(
+    actor: Actor, channel: uuid.UUID, *, owner: str | None = None, conn: AsyncConnection[Any] | None = None
+) -> ChannelAccess:
+    return (await load_access_many(actor, [channel], owner=owner, conn=conn))[channel]
 
 
 def has_scope(actor: Actor, scope: str) -> bool:
@@ -261,6 +272,18 @@ async def check_manage(
 async def check_read(actor: Actor, channel: uuid.UUID, *, conn: AsyncConnection[Any] | None = None) -> Decision:
     access = await load_access(actor, channel, conn=conn)
     return decide_read(actor, channel, access)
+
+
+async def check_read_many(
+    actor: Actor, channels: Sequence[uuid.UUID], *, conn: AsyncConnection[Any] | None = None
+) -> Decision:
+    """Read permission on every channel, in one round trip: the first denial (in the given order), or ok."""
+    facts = await load_access_many(actor, channels, conn=conn)
+    for channel in channels:
+        decision = decide_read(actor, channel, facts[channel])
+        if not decision.ok:
+            return decision
+    return Decision(True)
 
 
 _READABLE_SQL = """

@@ -16,13 +16,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from buzz.channels import STATE_KINDS
 from buzz.communities import CommunityInfo, admitted
 from buzz.events import count_events
-from buzz.channels import STATE_KINDS
 from buzz.ingest import Actor, event_id_of, ingest
 from buzz.limits import Limits, limits
 from buzz.nostr import ProtocolError, parse_event, verify_auth_event
-from buzz.policy import check_read, check_reader, parse_channel_id, readable_channels
+from buzz.policy import check_read, check_read_many, check_reader, parse_channel_id, readable_channels
 from buzz.ws.frames import (
     AuthFrame,
     CloseFrame,
@@ -188,8 +188,8 @@ class Session:
                     return None
                 named.add(channel)
         try:
-            for channel in sorted(named):
-                decision = await check_read(actor, channel)
+            if named:
+                decision = await check_read_many(actor, sorted(named))
                 if not decision.ok:
                     self.reply(["CLOSED", sub_id, decision.reason])
                     return None
