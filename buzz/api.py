@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from buzz import counters
 from buzz.httpauth import AuthFailure, authenticate
-from buzz.ingest import ingest
+from buzz.ingest import event_id_of, ingest
 from buzz.policy import check_read, parse_channel_id
 from buzz.views import community_of
 
@@ -33,25 +33,30 @@ async def _actor_or_error(request: HttpRequest, body: bytes) -> Any:
         return _error(err.reason, err.status)
 
 
+def _write_reply(event_id: str, ok: bool, message: str, status: int) -> JsonResponse:
+    """POST /events always answers in one shape, like an OK frame."""
+    return JsonResponse({"event_id": event_id, "accepted": ok, "message": message}, status=status)
+
+
 @csrf_exempt
 async def post_event(request: HttpRequest) -> JsonResponse:
     if request.method != "POST":
-        return _error("invalid: use POST", 405)
+        return _write_reply("", False, "invalid: use POST", 405)
     body = request.body
     if len(body) > MAX_BODY:
-        return _error(f"invalid: body larger than {MAX_BODY} bytes", 413)
-    actor = await _actor_or_error(request, body)
-    if isinstance(actor, JsonResponse):
-        return actor
+        return _write_reply("", False, f"invalid: body larger than {MAX_BODY} bytes", 413)
     try:
         raw = json.loads(body)
     except ValueError:
-        return JsonResponse({"event_id": "", "accepted": False, "message": "invalid: body is not JSON"}, status=400)
+        raw = None
+    try:
+        actor = await authenticate(request, community_of(request), body)
+    except AuthFailure as err:
+        return _write_reply(event_id_of(raw), False, err.reason, err.status)
+    if raw is None:
+        return _write_reply("", False, "invalid: body is not JSON", 400)
     event_id, result = await ingest(actor, raw)
-    return JsonResponse(
-        {"event_id": event_id, "accepted": result.ok, "message": result.message},
-        status=200 if result.ok else result.status,
-    )
+    return _write_reply(event_id, result.ok, result.message, 200 if result.ok else result.status)
 
 
 async def _readable_channel(request: HttpRequest, channel_id: str) -> tuple[Any, uuid.UUID | None]:
