@@ -43,6 +43,7 @@ from buzz.runtime import runtime
 log = logging.getLogger(__name__)
 
 HEAD_UNAVAILABLE = "conflict: head unavailable"
+DUPLICATE = "duplicate: already accepted"  # the text buzz.ingest answers a resubmission with
 IDENTITY_TAKEN = "conflict: artifact identity is taken"
 HEAD_CHANGED = "conflict: head changed; fetch the current revision and reapply your change"
 ANCHOR_INVALID = "invalid: root must be an existing, undeleted message in the artifact's channel"
@@ -82,16 +83,20 @@ def _channel_bound(reason: str) -> bool:
     return _hidden(reason) or reason == ARCHIVED
 
 
+async def _revision_exists(conn: AsyncConnection[Any], community_id: int, event_id: str) -> bool:
+    row = await (
+        await conn.execute(
+            "SELECT 1 FROM artifacts_revision WHERE id = %s AND community_id = %s", (event_id, community_id)
+        )
+    ).fetchone()
+    return row is not None
+
+
 async def already_accepted(actor: Actor, event: Event) -> bool:
     """Resubmission: the revision id is the event id. Says nothing beyond "you sent this before"."""
     pool = await runtime.pool()
     async with pool.connection() as conn:
-        row = await (
-            await conn.execute(
-                "SELECT 1 FROM artifacts_revision WHERE id = %s AND community_id = %s", (event.id, actor.community.id)
-            )
-        ).fetchone()
-    return row is not None
+        return await _revision_exists(conn, actor.community.id, event.id)
 
 
 async def _anchor_ok(conn: AsyncConnection[Any], community_id: int, root: str, channel: uuid.UUID) -> bool:
@@ -241,6 +246,9 @@ async def _create(
         )
     ).fetchone()
     if row is None or row[0] is None:
+        # A retry that raced its own first attempt is a duplicate, not a conflict.
+        if await _revision_exists(conn, actor.community.id, event.id):
+            return WriteResult.accepted(DUPLICATE), []
         # A deleted d stays reserved too: the identity row is never removed.
         return WriteResult.rejected(IDENTITY_TAKEN), []
     return WriteResult.accepted(), [env.h]
@@ -256,6 +264,10 @@ async def _advance(
         ok, reason, _ = await _write_access(actor, env.h, owner, conn)
         return WriteResult.rejected(reason if not ok and not _channel_bound(reason) else HEAD_UNAVAILABLE), []
     pk, type_name, head_id, home, root, deleted = row
+    # A copy of this event that committed while this one waited for the lock (a retry in flight): like the
+    # duplicate answer buzz.ingest gives before any check, it says only "you sent this before".
+    if head_id == event.id or (env.prev != head_id and await _revision_exists(conn, actor.community.id, event.id)):
+        return WriteResult.accepted(DUPLICATE), []
     # Checked before anything else: can the sender write where the artifact lives now?
     ok, reason, _ = await _write_access(actor, home, owner, conn)
     if not ok:
