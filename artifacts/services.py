@@ -33,6 +33,7 @@ from artifacts.envelope import (
 )
 from artifacts.query import MODES, QUERY_LIMITS
 from buzz.communities import CommunityInfo
+from buzz.events import indexed_tags
 from buzz.ingest import Actor, WriteResult
 from buzz.live.hub import topic_for_channel
 from buzz.messages import mentioned
@@ -148,6 +149,14 @@ WITH art AS (
   INSERT INTO buzz_mention (community_id, pubkey, event_id, channel_id, kind, created_at)
   SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM art, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
+), stored AS (
+  -- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
+  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
+  SELECT %(id)s, %(community)s, %(pubkey)s, %(kind)s, %(created_at)s, %(h)s, %(raw)s, now() FROM art
+  RETURNING id
+), stored_tags AS (
+  INSERT INTO buzz_eventtag (event_id, name, value)
+  SELECT stored.id, t.n, t.v FROM stored, unnest(%(letter_names)s::text[], %(letter_values)s::text[]) AS t(n, v)
 )
 SELECT (SELECT seq FROM rev)
 """
@@ -177,6 +186,23 @@ WITH rev AS (
   SELECT %(removal_id)s::varchar, %(community)s, %(artifact)s, %(source)s, %(prev)s, %(id)s, %(removal_raw)s::text,
          nextval('artifacts_accept_seq'), clock_timestamp()
   WHERE %(removal_id)s::varchar IS NOT NULL
+), stored AS (
+  -- Both are stored events: the revision in its channel, and a move's removal in the source.
+  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
+  VALUES (%(id)s, %(community)s, %(pubkey)s, %(kind)s, %(created_at)s, %(h)s, %(raw)s, now())
+), stored_tags AS (
+  INSERT INTO buzz_eventtag (event_id, name, value)
+  SELECT %(id)s, t.n, t.v FROM unnest(%(letter_names)s::text[], %(letter_values)s::text[]) AS t(n, v)
+), stored_removal AS (
+  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
+  SELECT %(removal_id)s::varchar, %(community)s, %(relay_pubkey)s, %(removal_kind)s, %(removal_created_at)s,
+         %(source)s, %(removal_raw)s::text, now()
+  WHERE %(removal_id)s::varchar IS NOT NULL
+), stored_removal_tags AS (
+  INSERT INTO buzz_eventtag (event_id, name, value)
+  SELECT %(removal_id)s::varchar, t.n, t.v
+  FROM unnest(%(removal_letter_names)s::text[], %(removal_letter_values)s::text[]) AS t(n, v)
+  WHERE %(removal_id)s::varchar IS NOT NULL
 )
 SELECT seq FROM rev
 """
@@ -190,6 +216,12 @@ def removal_event(community: CommunityInfo, *, d: uuid.UUID, source: uuid.UUID, 
         tags=[["ar", "1"], ["d", str(d)], ["h", str(source)], ["reason", "moved"], ["prev", replaced]],
         content="",
     )
+
+
+def _letter_tags(prefix: str, event: Event | None) -> dict[str, list[str]]:
+    """The NIP-01 `#x` index rows of the stored copy (single-letter tags, first values)."""
+    names, values = indexed_tags(event) if event is not None else ([], [])
+    return {f"{prefix}_names": names, f"{prefix}_values": values}
 
 
 def _tag_arrays(event: Event) -> tuple[list[str], list[str]]:
@@ -207,17 +239,17 @@ async def accept_revision(actor: Actor, event: Event) -> WriteResult:
     pool = await runtime.pool()
     async with pool.connection() as conn, conn.transaction():
         if envelope.is_create:
-            result, channels = await _create(conn, actor, event, envelope, owner)
+            result, published = await _create(conn, actor, event, envelope, owner)
         else:
-            result, channels = await _advance(conn, actor, event, envelope, owner)
-    if result.ok and channels:
-        await _signal(actor.community.id, envelope.d, channels)
+            result, published = await _advance(conn, actor, event, envelope, owner)
+    if result.ok and published:
+        await _signal(actor.community.id, published)
     return result
 
 
 async def _create(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
-) -> tuple[WriteResult, list[uuid.UUID]]:
+) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]]:
     ok, reason, _ = await _write_access(actor, env.h, owner, conn)
     if not ok:
         return WriteResult.rejected(reason), []
@@ -242,6 +274,7 @@ async def _create(
                 "tag_values": values,
                 "mentions": mentioned(event),
                 "kind": KIND_ARTIFACT,
+                **_letter_tags("letter", event),
             },
         )
     ).fetchone()
@@ -251,12 +284,12 @@ async def _create(
             return WriteResult.accepted(DUPLICATE), []
         # A deleted d stays reserved too: the identity row is never removed.
         return WriteResult.rejected(IDENTITY_TAKEN), []
-    return WriteResult.accepted(), [env.h]
+    return WriteResult.accepted(), [(env.h, event)]
 
 
 async def _advance(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
-) -> tuple[WriteResult, list[uuid.UUID]]:
+) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]]:
     row = await (await conn.execute(_LOCK, (actor.community.id, env.d))).fetchone()
     if row is None:
         # The sender's own standing (scope, ban, timeout, a dead token) denies an edit of an existing
@@ -280,7 +313,6 @@ async def _advance(
         return WriteResult.rejected("invalid: the artifact is deleted; only restore is accepted"), []
     if not deleted and env.op == "restore":
         return WriteResult.rejected("invalid: only a deleted artifact can be restored"), []
-    channels = [env.h]
     source: uuid.UUID | None = None
     if env.op == "move":
         if env.h == home:
@@ -291,7 +323,6 @@ async def _advance(
         if env.root is not None and not await _anchor_ok(conn, actor.community.id, env.root, env.h):
             return WriteResult.rejected("invalid: a move's root must be absent or a message in the destination"), []
         source = home
-        channels.append(home)
     else:
         if env.h != home:
             return WriteResult.rejected(f"invalid: {env.op} keeps h; changing the channel is a move"), []
@@ -333,21 +364,30 @@ async def _advance(
                 "kind": KIND_ARTIFACT,
                 "removal_id": removal.id if removal else None,
                 "removal_raw": removal.to_json() if removal else None,
+                "removal_kind": KIND_REMOVAL,
+                "removal_created_at": removal.created_at if removal else None,
+                "relay_pubkey": actor.community.relay_pubkey,
                 "source": source,
+                **_letter_tags("letter", event),
+                **_letter_tags("removal_letter", removal),
             },
         )
     ).fetchone()
     if seq is None:
         raise RuntimeError("revision insert returned no row")
-    return WriteResult.accepted(), channels
+    published = [(env.h, event)]
+    if removal is not None and source is not None:
+        published.append((source, removal))
+    return WriteResult.accepted(), published
 
 
-async def _signal(community_id: int, d: uuid.UUID, channels: list[uuid.UUID]) -> None:
-    """After commit: one small signal per touched channel (sync reads the head itself, rule 3)."""
+async def _signal(community_id: int, events: list[tuple[uuid.UUID, Event]]) -> None:
+    """After commit, before OK: each stored event goes to its channel's live subscribers (retried until
+    Redis takes it). Ordinary REQs deliver it; sync treats it as "this d changed" and reads the head."""
     publisher = runtime.publisher()
-    message = {"t": "artifact", "d": str(d)}
-    for channel in channels:
-        await publisher.publish_confirmed(topic_for_channel(community_id, str(channel)), message, timeout=PUBLISH_WAIT)
+    for channel, event in events:
+        topic = topic_for_channel(community_id, str(channel))
+        await publisher.publish_confirmed(topic, {"t": "event", "event": event.to_dict()}, timeout=PUBLISH_WAIT)
 
 
 async def reject_removal(actor: Actor, event: Event) -> WriteResult:

@@ -15,6 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from buzz.nostr import Event
+from buzz.policy import parse_channel_id
 from buzz.runtime import runtime
 from buzz.ws.frames import Filter
 
@@ -84,6 +85,11 @@ def _where(community_id: int, f: Filter, readable_channels: Sequence[uuid.UUID])
         where.append("e.created_at <= %s")
         args.append(f.until)
     for name, values in f.tags:
+        if name == "h":
+            # Every h-tagged stored event lives in the channel its h names (buzz.policy.channel_of), so the
+            # indexed channel column narrows the scan; the tag test below still decides the match.
+            where.append("e.channel_id = ANY(%s)")
+            args.append([c for c in (parse_channel_id(v) for v in values) if c is not None])
         where.append(
             "EXISTS (SELECT 1 FROM buzz_eventtag t WHERE t.event_id = e.id AND t.name = %s AND t.value = ANY(%s))"
         )

@@ -260,7 +260,9 @@ def _delete_event(actor: Actor, event: Event, channel: uuid.UUID) -> None:
             .filter(id=targets[0], community=community, channel_id=channel, deleted_at__isnull=True)
             .first()
         )
-        if target is None or target.kind in channel_services.STATE_KINDS:
+        # Relay state is not deletable, and artifact revisions and removals are redacted through
+        # moderation (their head pointers and views must follow), never soft-deleted here.
+        if target is None or target.kind in channel_services.STATE_KINDS or target.kind in (45010, 45011):
             raise ChannelError(DELETE_REFUSED)
         if target.pubkey != actor.pubkey:
             ch = community.channels.filter(uuid=channel).first()

@@ -15,13 +15,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _TAG_KEY = re.compile(r"^#[A-Za-z]\Z")
 _MAX_INT = 2**53 - 1
 FILTER_KEYS = frozenset({"ids", "authors", "kinds", "since", "until", "limit"})
-# NIP-AR revisions and move removals are not NIP-01 stored events here: their reads need the
-# current-head, redaction and per-revision access rules of the artifact views, so a generic filter
-# naming them is refused instead of answered with a partial or unfiltered set.
-ARTIFACT_KINDS = frozenset({45010, 45011})
-ARTIFACT_KINDS_REFUSED = (
-    "invalid: kinds 45010/45011 are read with the NIP-AR views (HTTP POST /query), not a generic REQ"
-)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +175,6 @@ def _filter(sub_id: str, raw: object, limits: FrameLimits) -> Filter:
         elif key == "kinds":
             items = _values(sub_id, key, v, limits)
             kinds = tuple(_int(sub_id, "kinds", k, 0, 65535) for k in items)
-            if ARTIFACT_KINDS.intersection(kinds):
-                raise closed(sub_id, ARTIFACT_KINDS_REFUSED)
         elif key == "since":
             since = _int(sub_id, key, v)
         elif key == "until":

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STORED_SEND_TIMEOUT = 10.0  # seconds the stored read may wait for room in the outbound queue
+SENT_IDS_GRACE = 30.0  # seconds after EOSE during which a live copy of a stored event is skipped
 LIVE_WAIT = 5.0  # seconds a REQ waits for a healthy hub before CLOSED "error:"
 
 
@@ -105,6 +106,16 @@ class ReqSubscription:
                 sent.add(event_id)
                 await outbound.put(self._prefix + raw + "]", timeout=STORED_SEND_TIMEOUT)
             await outbound.put(dumps(["EOSE", self.sub_id]), timeout=STORED_SEND_TIMEOUT)
+            # What was held during the read goes out the way stored events do, waiting for room: right
+            # after a large stored set the queue is often full, and that is no reason to drop the client.
+            while self._held and not self._rechecks:
+                try:
+                    text = self._render(self._held.pop(0))
+                except (KeyError, TypeError):
+                    self.end("error: live delivery received a malformed entry; send REQ again")
+                    return
+                if text is not None:
+                    await outbound.put(text, timeout=STORED_SEND_TIMEOUT)
             self._eose = True
             self._release_held()
         except asyncio.CancelledError:
@@ -142,14 +153,20 @@ class ReqSubscription:
         self._live = None
         self.end(f"error: live delivery was interrupted ({reason.value}); send REQ again")
 
+    def _render(self, event: dict[str, Any]) -> str | None:
+        """The EVENT frame for a live event, or None if this REQ does not get it. KeyError/TypeError if malformed."""
+        channel = _channel_tag(event)
+        if channel not in self._channel_strs or not matches_any(self.filters, event):
+            return None
+        if self._sent_ids is not None and event.get("id") in self._sent_ids:
+            return None
+        return self._prefix + dumps(event) + "]"
+
     def _deliver(self, event: dict[str, Any]) -> None:
         try:
-            channel = _channel_tag(event)
-            if channel not in self._channel_strs or not matches_any(self.filters, event):
-                return
-            if self._sent_ids is not None and event.get("id") in self._sent_ids:
-                return
-            self.session.outbound.try_put(self._prefix + dumps(event) + "]")
+            text = self._render(event)
+            if text is not None:
+                self.session.outbound.try_put(text)
         except QueueFull:
             # The client stopped reading; dropping silently is not allowed, so the connection ends.
             self.session.abort()
@@ -164,6 +181,11 @@ class ReqSubscription:
             if self.ended:
                 return
             self._deliver(event)
+        # A change stored before the read can still arrive live after EOSE (a slow or retried publish):
+        # the stored ids are kept a while so it is not sent twice, then dropped (they are bounded anyway).
+        asyncio.get_running_loop().call_later(SENT_IDS_GRACE, self._forget_sent)
+
+    def _forget_sent(self) -> None:
         self._sent_ids = None
 
     async def _recheck(self, channel: str) -> None:
@@ -179,7 +201,10 @@ class ReqSubscription:
         finally:
             self._rechecks -= 1
         if not decision.ok:
-            self.end(decision.reason if decision.reason.startswith("restricted:") else "restricted: " + decision.reason)
+            reason = decision.reason
+            if reason.split(":", 1)[0] not in ("restricted", "blocked", "auth-required"):
+                reason = "restricted: " + reason
+            self.end(reason)
             return
         if self._eose:
             self._release_held()

@@ -155,10 +155,3 @@ def test_event_auth_close_count_frames() -> None:
     assert parse_frame(json.dumps(["AUTH", {"a": 1}]), LIMITS) == AuthFrame({"a": 1})
     assert parse_frame(json.dumps(["CLOSE", "s"]), LIMITS) == CloseFrame("s")
     assert isinstance(parse_frame(json.dumps(["COUNT", "c", {"kinds": [9]}]), LIMITS), CountFrame)
-
-
-def test_generic_filters_naming_artifact_kinds_are_refused() -> None:
-    for kinds in ([45010], [9, 45011]):
-        reply = reply_of(json.dumps(["REQ", "a", {"kinds": kinds}]))
-        assert reply[:2] == ["CLOSED", "a"] and "45010/45011" in reply[2]
-    assert isinstance(parse_frame(json.dumps(["REQ", "a", {"kinds": [9, 45012]}]), LIMITS), ReqFrame)
