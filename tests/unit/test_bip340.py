@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from buzz.nostr import Signer, verify_schnorr
+from tests.support.vectors import vectors_dir
 
-VECTORS_DIR = Path(os.environ.get("BUZZ_VECTORS_DIR", "/work/shared/vectors"))
+VECTORS_DIR = vectors_dir()
 CSV_PATH = VECTORS_DIR / "bip340-test-vectors.csv"
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,8 +28,9 @@ from buzz.nostr import (
     verify_owner_attestation,
     verify_schnorr,
 )
+from tests.support.vectors import vectors_dir
 
-VECTORS_DIR = Path(os.environ.get("BUZZ_VECTORS_DIR", "/work/shared/vectors"))
+VECTORS_DIR = vectors_dir()
 V: dict[str, Any] = json.loads((VECTORS_DIR / "nip-oa.json").read_text())
 OWNER = Signer(V["owner_secret"])
 AGENT = Signer(V["agent_secret"])
