@@ -13,4 +13,6 @@ def vectors_dir() -> Path:
     override = os.environ.get("BUZZ_VECTORS_DIR")
     if override:
         return Path(override)
-    return _REPO.parent / "shared" / "vectors"
+    beside = _REPO.parent / "shared" / "vectors"
+    # A checkout elsewhere on a developer's machine still finds the workplace's copy.
+    return beside if beside.is_dir() else Path("/work/shared/vectors")
