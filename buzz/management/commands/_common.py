@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import re
 import uuid
+from collections.abc import Callable
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from buzz.communities import community_by_host, normalize_host
 from buzz.models import Community
@@ -37,3 +39,16 @@ def duration_arg(value: str) -> dt.timedelta:
     if not match:
         raise CommandError(f"invalid duration {value!r}: use a number and s, m, h or d (e.g. 30m, 7d)")
     return dt.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+def actions(parser: CommandParser, *, host: bool = True) -> Callable[[str, str], argparse.ArgumentParser]:
+    """A subcommand adder for `manage.py <command> ACTION ...`; each action takes --host unless host=False."""
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+        if host:
+            p.add_argument("--host", required=True, help="the community's host")
+        return p
+
+    return add

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -11,7 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from buzz.bans import ban_add, ban_lift, timeout_add
-from buzz.management.commands._common import community_arg, duration_arg
+from buzz.management.commands._common import actions, community_arg, duration_arg
 from buzz.models import Ban
 
 
@@ -19,12 +18,7 @@ class Command(BaseCommand):
     help = "Ban or time out a pubkey in a community, lift a ban, list bans."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-
-        def add(name: str, help_text: str) -> argparse.ArgumentParser:
-            p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-            p.add_argument("--host", required=True, help="the community's host")
-            return p
+        add = actions(parser)
 
         b = add("add", "Ban a pubkey: its writes are blocked and its reads refused.")
         b.add_argument("pubkey")

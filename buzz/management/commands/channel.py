@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import uuid
 from typing import Any
 
@@ -12,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from buzz import channels as services
 from buzz.channels import ChannelError
 from buzz.communities import check_pubkey
-from buzz.management.commands._common import channel_arg, community_arg
+from buzz.management.commands._common import actions, channel_arg, community_arg
 from buzz.models import Channel, ChannelRole, ChannelType, Visibility
 
 
@@ -32,12 +31,7 @@ class Command(BaseCommand):
     help = "Create channels, add or remove members, archive, unarchive, delete and list channels."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-
-        def add(name: str, help_text: str) -> argparse.ArgumentParser:
-            p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-            p.add_argument("--host", required=True, help="the community's host")
-            return p
+        add = actions(parser)
 
         create = add("create", "Create a channel; the owner pubkey becomes its owner.")
         create.add_argument("--name", required=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from buzz.communities import community_by_host, community_create, member_add, normalize_host
+from buzz.management.commands._common import actions
 from buzz.models import AdmissionMode, Community, RelayRole
 
 
@@ -16,11 +16,8 @@ class Command(BaseCommand):
     help = "Manage communities (one per Host) and their relay members."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-
-        def add(name: str, help_text: str) -> argparse.ArgumentParser:
-            p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-            return p
+        # --host is per action here: `list` needs none, `create` documents it differently.
+        add = actions(parser, host=False)
 
         create = add("create", "Create a community served at a host name.")
         create.add_argument("--host", required=True, help="Host header clients send, e.g. relay.example.com")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from buzz.management.commands._common import community_arg, duration_arg
+from buzz.management.commands._common import actions, community_arg, duration_arg
 from buzz.models import ApiToken
 from buzz.policy import KNOWN_SCOPES
 from buzz.tokens import token_create, token_revoke
@@ -18,12 +17,7 @@ class Command(BaseCommand):
     help = "Issue (printed once), revoke and list API tokens."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-
-        def add(name: str, help_text: str) -> argparse.ArgumentParser:
-            p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-            p.add_argument("--host", required=True, help="the community's host")
-            return p
+        add = actions(parser)
 
         create = add("create", "Issue a token for a pubkey. The token is printed once and never stored.")
         create.add_argument("pubkey")
