@@ -92,8 +92,8 @@ async def test_client_that_stops_reading_is_bounded(stocked: tuple[Signer, uuid.
     requested = REQS * 1000 * PAYLOAD
     # What the client asked for is ~60 MB; the relay held a small, bounded fraction of it.
     assert growth < 25 * 1024 * 1024, f"relay grew by {growth / 2**20:.1f} MiB for {requested / 2**20:.0f} MiB asked"
-    # The relay still serves everyone else.
-    async with RelayClient.connect(relay.ws_url, host=HOST) as other:
-        assert (await other.auth(reader))[2] is True
+    # The relay still serves everyone else (generous waits: the machine may still be busy with the flood).
+    async with RelayClient.connect(relay.ws_url, host=HOST, open_timeout=30) as other:
+        assert (await other.auth(reader, timeout=30))[2] is True
         await other.send_json(["REQ", "after", {"#h": [str(channel)], "limit": 5}])
-        assert (await other.expect("EOSE", timeout=10))[1] == "after"
+        assert (await other.expect("EOSE", timeout=30))[1] == "after"
