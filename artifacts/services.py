@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -52,21 +51,6 @@ PUBLISH_WAIT = 1.0
 
 # Kinds that anchor a conversation an artifact can be attached to.
 ANCHOR_KINDS = (9,)
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    pk: int
-    type: str
-    head_id: str
-    home: uuid.UUID
-    root: str | None
-    deleted: bool
-    head_tags: list[list[str]]
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _owner(event: Event) -> str | None:

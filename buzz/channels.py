@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from buzz.events import event_json, indexed_tags
 from buzz.live.hub import topic_for_channel
 from buzz.live.publisher import publish_on_commit
 from buzz.models import (
@@ -33,6 +34,7 @@ from buzz.models import (
     Visibility,
 )
 from buzz.nostr import Event, Signer
+from buzz.policy import MANAGER_ROLES
 
 KIND_GROUP_METADATA = 39000
 KIND_GROUP_ADMINS = 39001
@@ -109,7 +111,7 @@ def _state_events(channel: Channel, signer: Signer, created_at: int) -> list[Eve
         meta.append(["ttl", str(channel.ttl_seconds)])
     if not channel.listed:
         meta.append(["unlisted"])
-    admins = [["d", h]] + [["p", m.pubkey, m.role] for m in members if m.role in ("owner", "admin")]
+    admins = [["d", h]] + [["p", m.pubkey, m.role] for m in members if m.role in MANAGER_ROLES]
     roster = [["d", h]] + [["p", m.pubkey, "", m.role] for m in members]
     # Model fields may hold TextChoices members; an event's tags are plain strings.
     meta = [[str(x) for x in tag] for tag in meta]
@@ -124,7 +126,6 @@ def _state_events(channel: Channel, signer: Signer, created_at: int) -> list[Eve
 
 def store_event_sync(community: Community, event: Event, channel: uuid.UUID | None) -> None:
     """ORM twin of buzz.events.store_event for the synchronous services."""
-    from buzz.events import event_json, indexed_tags
 
     _, created = StoredEvent.objects.get_or_create(
         id=event.id,
@@ -239,7 +240,7 @@ def _lock(community: Community, channel_uuid: uuid.UUID) -> Channel:
     return channel
 
 
-def _role_of(channel: Channel, pubkey: str) -> str | None:
+def role_of(channel: Channel, pubkey: str) -> str | None:
     m = active_membership(channel, pubkey)
     return m.role if m else None
 
@@ -261,12 +262,12 @@ def member_put(
         if channel.type == ChannelType.DM:
             raise ChannelError("invalid: a DM's participants can't change")
         if actor is not None:
-            actor_role = _role_of(channel, actor)
-            if channel.visibility == Visibility.PRIVATE and actor_role not in ("owner", "admin"):
+            actor_role = role_of(channel, actor)
+            if channel.visibility == Visibility.PRIVATE and actor_role not in MANAGER_ROLES:
                 raise ChannelError("restricted: only owners and admins add members to a private channel")
             if channel.visibility == Visibility.OPEN and actor_role is None:
                 raise ChannelError("restricted: not a channel member")
-            if role != ChannelRole.MEMBER and actor_role not in ("owner", "admin"):
+            if role != ChannelRole.MEMBER and actor_role not in MANAGER_ROLES:
                 raise ChannelError("restricted: only owners and admins assign roles")
             if role == ChannelRole.OWNER and actor_role != "owner":
                 raise ChannelError("restricted: only an owner makes another owner")
@@ -276,7 +277,7 @@ def member_put(
         if current is not None:
             if current.role == ChannelRole.OWNER and role != ChannelRole.OWNER and _owners(channel) <= 1:
                 raise ChannelError("invalid: the last owner can't be demoted")
-            if actor is not None and current.role == ChannelRole.OWNER and _role_of(channel, actor) != "owner":
+            if actor is not None and current.role == ChannelRole.OWNER and role_of(channel, actor) != "owner":
                 raise ChannelError("restricted: only an owner changes an owner's role")
             current.role = role
             current.save(update_fields=["role"])
@@ -302,8 +303,8 @@ def member_remove(
             raise ChannelError("invalid: a DM's participants can't change")
         target = active_membership(channel, pubkey)
         if actor is not None and actor != pubkey:
-            actor_role = _role_of(channel, actor)
-            if actor_role not in ("owner", "admin"):
+            actor_role = role_of(channel, actor)
+            if actor_role not in MANAGER_ROLES:
                 raise ChannelError("restricted: only owners and admins remove other members")
             if target is not None and target.role == ChannelRole.OWNER and actor_role != "owner":
                 raise ChannelError("restricted: only an owner removes an owner")
@@ -342,10 +343,10 @@ def channel_edit(
     with transaction.atomic():
         channel = _lock(community, channel_uuid)
         if actor is not None:
-            role = _role_of(channel, actor)
+            role = role_of(channel, actor)
             if role is None:
                 raise ChannelError("restricted: not a channel member")
-            if role not in ("owner", "admin") and not set(changes) <= MEMBER_EDITABLE:
+            if role not in MANAGER_ROLES and not set(changes) <= MEMBER_EDITABLE:
                 raise ChannelError("restricted: only owners and admins edit this metadata")
         archiving_only = set(changes) == {"archived"}
         if channel.archived_at is not None and not archiving_only and "archived" not in changes:
@@ -395,7 +396,7 @@ def channel_delete(
     """NIP-29 9008: owner only. Soft delete; every subscription on the channel ends."""
     with transaction.atomic():
         channel = _lock(community, channel_uuid)
-        if actor is not None and _role_of(channel, actor) != ChannelRole.OWNER:
+        if actor is not None and role_of(channel, actor) != ChannelRole.OWNER:
             raise ChannelError("restricted: only an owner deletes a channel")
         channel.deleted_at = timezone.now()
         channel.save(update_fields=["deleted_at"])

@@ -113,10 +113,6 @@ class CommunityInfo:
     relay_secret: str
     admission: str
 
-    @property
-    def signer(self) -> Signer:
-        return Signer(self.relay_secret)
-
 
 class CommunityDirectory:
     """Host -> community lookup with a short-lived cache (one owner object per process)."""

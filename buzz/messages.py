@@ -21,7 +21,15 @@ from buzz.ingest import Actor, WriteResult, register_kind
 from buzz.live.hub import topic_for_channel
 from buzz.models import Community, StoredEvent
 from buzz.nostr import Event, ProtocolError
-from buzz.policy import NOT_A_MEMBER, SCOPE_CHANNELS_WRITE, SCOPE_WRITE, channel_of, check_manage, check_post
+from buzz.policy import (
+    MANAGER_ROLES,
+    NOT_A_MEMBER,
+    SCOPE_CHANNELS_WRITE,
+    SCOPE_WRITE,
+    channel_of,
+    check_manage,
+    check_post,
+)
 from buzz.runtime import runtime
 
 KIND_MESSAGE = 9
@@ -266,8 +274,8 @@ def _delete_event(actor: Actor, event: Event, channel: uuid.UUID) -> None:
             raise ChannelError(DELETE_REFUSED)
         if target.pubkey != actor.pubkey:
             ch = community.channels.filter(uuid=channel).first()
-            role = channel_services._role_of(ch, actor.pubkey) if ch else None
-            if role not in ("owner", "admin"):
+            role = channel_services.role_of(ch, actor.pubkey) if ch else None
+            if role not in MANAGER_ROLES:
                 raise ChannelError(DELETE_REFUSED)
         target.deleted_at = timezone.now()
         target.save(update_fields=["deleted_at"])

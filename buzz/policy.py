@@ -338,8 +338,3 @@ async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None =
     else:
         rows = await (await conn.execute(_READABLE_SQL, params)).fetchall()
     return [r[0] for r in rows if token_covers(actor, r[0])]
-
-
-def can_manage(access: ChannelAccess) -> bool:
-    """Owner/admin of the channel: may add members to private channels, edit metadata, remove others."""
-    return access.role in MANAGER_ROLES

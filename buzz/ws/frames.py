@@ -14,7 +14,6 @@ from typing import Any
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _TAG_KEY = re.compile(r"^#[A-Za-z]\Z")
 _MAX_INT = 2**53 - 1
-FILTER_KEYS = frozenset({"ids", "authors", "kinds", "since", "until", "limit"})
 
 
 

@@ -31,14 +31,6 @@ class Outbound:
         self._closed = False
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def queued_messages(self) -> int:
-        return len(self._items)
-
-    @property
-    def queued_bytes(self) -> int:
-        return self._bytes
-
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._writer(), name="ws-writer")
 
@@ -94,17 +86,6 @@ class Outbound:
             finally:
                 self._bytes -= size
                 self._space.set()
-
-    async def drain(self, timeout: float) -> None:
-        """Wait until everything queued has been handed to the server (used before a close)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (self._items or self._bytes) and loop.time() < deadline:
-            self._space.clear()
-            try:
-                await asyncio.wait_for(self._space.wait(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                return
 
     async def close(self) -> None:
         self._closed = True
