@@ -86,9 +86,7 @@ def member_add(*, community: Community, pubkey: str, role: str = RelayRole.MEMBE
     check_pubkey(pubkey)
     if role not in RelayRole.values:
         raise ValidationError(f"role must be one of {', '.join(RelayRole.values)}")
-    member, created = RelayMember.objects.update_or_create(
-        community=community, pubkey=pubkey, defaults={"role": role}
-    )
+    member, created = RelayMember.objects.update_or_create(community=community, pubkey=pubkey, defaults={"role": role})
     return member, created
 
 

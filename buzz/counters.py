@@ -94,6 +94,4 @@ async def mentions_for(actor: Actor, *, limit: int) -> list[dict[str, Any]]:
     pool = await runtime.pool()
     async with pool.connection() as conn:
         rows = await (await conn.execute(_MENTIONS, (actor.community.id, actor.pubkey, channels, limit))).fetchall()
-    return [
-        {"event_id": e, "channel": str(c), "kind": k, "created_at": int(t.timestamp())} for e, c, k, t in rows
-    ]
+    return [{"event_id": e, "channel": str(c), "kind": k, "created_at": int(t.timestamp())} for e, c, k, t in rows]

@@ -24,8 +24,7 @@ _INSERT = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (id) DO NOTHING"
 )
 _INSERT_TAGS = (
-    "INSERT INTO buzz_eventtag (event_id, name, value)"
-    " SELECT %s, n, v FROM unnest(%s::text[], %s::text[]) AS t(n, v)"
+    "INSERT INTO buzz_eventtag (event_id, name, value) SELECT %s, n, v FROM unnest(%s::text[], %s::text[]) AS t(n, v)"
 )
 
 

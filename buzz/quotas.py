@@ -25,6 +25,7 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate * 1000) + 1000)
 return ok
 """
 
+
 def quota() -> dict[str, float]:
     q: dict[str, float] = settings.BUZZ_WRITE_QUOTA
     return q

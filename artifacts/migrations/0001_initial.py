@@ -5,106 +5,157 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('buzz', '0001_initial'),
+        ("buzz", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='PolicyStamp',
+            name="PolicyStamp",
             fields=[
-                ('community', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, serialize=False, to='buzz.community')),
-                ('stamp', models.BigIntegerField(default=0)),
-                ('changed_at', models.DateTimeField(auto_now=True)),
+                (
+                    "community",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        serialize=False,
+                        to="buzz.community",
+                    ),
+                ),
+                ("stamp", models.BigIntegerField(default=0)),
+                ("changed_at", models.DateTimeField(auto_now=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Artifact',
+            name="Artifact",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('d', models.UUIDField()),
-                ('type', models.CharField(max_length=128)),
-                ('home', models.UUIDField(help_text='h of the current head')),
-                ('root', models.CharField(blank=True, max_length=64, null=True)),
-                ('deleted', models.BooleanField(default=False, help_text='the current head is op=delete')),
-                ('retired', models.BooleanField(default=False, help_text='the current head is redacted')),
-                ('created_at', models.DateTimeField()),
-                ('changed_at', models.DateTimeField()),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='buzz.community')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("d", models.UUIDField()),
+                ("type", models.CharField(max_length=128)),
+                ("home", models.UUIDField(help_text="h of the current head")),
+                ("root", models.CharField(blank=True, max_length=64, null=True)),
+                ("deleted", models.BooleanField(default=False, help_text="the current head is op=delete")),
+                ("retired", models.BooleanField(default=False, help_text="the current head is redacted")),
+                ("created_at", models.DateTimeField()),
+                ("changed_at", models.DateTimeField()),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="artifacts", to="buzz.community"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CurrentTag',
+            name="CurrentTag",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128)),
-                ('value', models.TextField()),
-                ('artifact', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='current_tags', to='artifacts.artifact')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=128)),
+                ("value", models.TextField()),
+                (
+                    "artifact",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="current_tags",
+                        to="artifacts.artifact",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Revision',
+            name="Revision",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('op', models.CharField(max_length=8)),
-                ('channel', models.UUIDField(help_text='h: the channel this revision was published in (its read scope)')),
-                ('prev', models.CharField(blank=True, max_length=64, null=True)),
-                ('root', models.CharField(blank=True, max_length=64, null=True)),
-                ('pubkey', models.CharField(max_length=64)),
-                ('created_at', models.BigIntegerField(help_text="the signer's created_at; never orders anything")),
-                ('raw', models.TextField()),
-                ('seq', models.BigIntegerField(unique=True)),
-                ('accepted_at', models.DateTimeField()),
-                ('redacted_at', models.DateTimeField(blank=True, null=True)),
-                ('expired_at', models.DateTimeField(blank=True, null=True)),
-                ('artifact', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='revisions', to='artifacts.artifact')),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='revisions', to='buzz.community')),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("op", models.CharField(max_length=8)),
+                (
+                    "channel",
+                    models.UUIDField(help_text="h: the channel this revision was published in (its read scope)"),
+                ),
+                ("prev", models.CharField(blank=True, max_length=64, null=True)),
+                ("root", models.CharField(blank=True, max_length=64, null=True)),
+                ("pubkey", models.CharField(max_length=64)),
+                ("created_at", models.BigIntegerField(help_text="the signer's created_at; never orders anything")),
+                ("raw", models.TextField()),
+                ("seq", models.BigIntegerField(unique=True)),
+                ("accepted_at", models.DateTimeField()),
+                ("redacted_at", models.DateTimeField(blank=True, null=True)),
+                ("expired_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "artifact",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="revisions", to="artifacts.artifact"
+                    ),
+                ),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="revisions", to="buzz.community"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='MoveRemoval',
+            name="MoveRemoval",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('source', models.UUIDField()),
-                ('replaced', models.CharField(help_text='the revision the move replaced', max_length=64)),
-                ('raw', models.TextField()),
-                ('seq', models.BigIntegerField(unique=True)),
-                ('accepted_at', models.DateTimeField()),
-                ('artifact', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='move_removals', to='artifacts.artifact')),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='move_removals', to='buzz.community')),
-                ('move', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='artifacts.revision')),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("source", models.UUIDField()),
+                ("replaced", models.CharField(help_text="the revision the move replaced", max_length=64)),
+                ("raw", models.TextField()),
+                ("seq", models.BigIntegerField(unique=True)),
+                ("accepted_at", models.DateTimeField()),
+                (
+                    "artifact",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="move_removals",
+                        to="artifacts.artifact",
+                    ),
+                ),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="move_removals", to="buzz.community"
+                    ),
+                ),
+                (
+                    "move",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="artifacts.revision"
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='artifact',
-            name='head',
-            field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='artifacts.revision'),
+            model_name="artifact",
+            name="head",
+            field=models.ForeignKey(
+                null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name="+", to="artifacts.revision"
+            ),
         ),
         migrations.AddIndex(
-            model_name='revision',
-            index=models.Index(fields=['artifact', 'seq'], name='revision_history'),
+            model_name="revision",
+            index=models.Index(fields=["artifact", "seq"], name="revision_history"),
         ),
         migrations.AddIndex(
-            model_name='revision',
-            index=models.Index(fields=['community', 'channel', 'seq'], name='revision_channel'),
+            model_name="revision",
+            index=models.Index(fields=["community", "channel", "seq"], name="revision_channel"),
         ),
         migrations.AddIndex(
-            model_name='moveremoval',
-            index=models.Index(fields=['community', 'source', 'seq'], name='removal_source'),
+            model_name="moveremoval",
+            index=models.Index(fields=["community", "source", "seq"], name="removal_source"),
         ),
         migrations.AddIndex(
-            model_name='artifact',
-            index=models.Index(fields=['community', 'home', 'd'], name='artifact_home'),
+            model_name="artifact",
+            index=models.Index(fields=["community", "home", "d"], name="artifact_home"),
         ),
         migrations.AddIndex(
-            model_name='artifact',
-            index=models.Index(fields=['community', 'changed_at'], name='artifact_changed'),
+            model_name="artifact",
+            index=models.Index(fields=["community", "changed_at"], name="artifact_changed"),
         ),
         migrations.AddConstraint(
-            model_name='artifact',
-            constraint=models.UniqueConstraint(fields=('community', 'd'), name='artifact_identity'),
+            model_name="artifact",
+            constraint=models.UniqueConstraint(fields=("community", "d"), name="artifact_identity"),
         ),
     ]

@@ -7,228 +7,435 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Channel',
+            name="Channel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('uuid', models.UUIDField()),
-                ('name', models.CharField(max_length=200)),
-                ('about', models.TextField(blank=True, default='')),
-                ('topic', models.CharField(blank=True, default='', max_length=500)),
-                ('purpose', models.CharField(blank=True, default='', max_length=500)),
-                ('visibility', models.CharField(choices=[('open', 'open'), ('private', 'private')], default='open', max_length=8)),
-                ('listed', models.BooleanField(default=True, help_text='unlisted open channels are readable but not discovered')),
-                ('type', models.CharField(choices=[('stream', 'stream'), ('forum', 'forum'), ('dm', 'direct message'), ('workflow', 'workflow')], default='stream', max_length=10)),
-                ('ttl_seconds', models.PositiveIntegerField(blank=True, null=True)),
-                ('deadline', models.DateTimeField(blank=True, help_text='TTL channels: archived by the reaper after this', null=True)),
-                ('created_by', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('archived_at', models.DateTimeField(blank=True, null=True)),
-                ('deleted_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("uuid", models.UUIDField()),
+                ("name", models.CharField(max_length=200)),
+                ("about", models.TextField(blank=True, default="")),
+                ("topic", models.CharField(blank=True, default="", max_length=500)),
+                ("purpose", models.CharField(blank=True, default="", max_length=500)),
+                (
+                    "visibility",
+                    models.CharField(choices=[("open", "open"), ("private", "private")], default="open", max_length=8),
+                ),
+                (
+                    "listed",
+                    models.BooleanField(
+                        default=True, help_text="unlisted open channels are readable but not discovered"
+                    ),
+                ),
+                (
+                    "type",
+                    models.CharField(
+                        choices=[
+                            ("stream", "stream"),
+                            ("forum", "forum"),
+                            ("dm", "direct message"),
+                            ("workflow", "workflow"),
+                        ],
+                        default="stream",
+                        max_length=10,
+                    ),
+                ),
+                ("ttl_seconds", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "deadline",
+                    models.DateTimeField(
+                        blank=True, help_text="TTL channels: archived by the reaper after this", null=True
+                    ),
+                ),
+                ("created_by", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("archived_at", models.DateTimeField(blank=True, null=True)),
+                ("deleted_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['community', 'name'],
+                "ordering": ["community", "name"],
             },
         ),
         migrations.CreateModel(
-            name='Community',
+            name="Community",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('host', models.CharField(help_text='Host header value, lowercase, with :port when not default', max_length=253, unique=True)),
-                ('name', models.CharField(max_length=200)),
-                ('description', models.TextField(blank=True, default='')),
-                ('public_url', models.CharField(help_text='The ws:// or wss:// URL clients use; NIP-42 AUTH must name it', max_length=300)),
-                ('relay_secret', models.CharField(help_text='secp256k1 secret of the relay key', max_length=64, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('relay_pubkey', models.CharField(max_length=64, unique=True, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('admission', models.CharField(choices=[('members', 'members only'), ('open', 'any authenticated pubkey')], default='members', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "host",
+                    models.CharField(
+                        help_text="Host header value, lowercase, with :port when not default",
+                        max_length=253,
+                        unique=True,
+                    ),
+                ),
+                ("name", models.CharField(max_length=200)),
+                ("description", models.TextField(blank=True, default="")),
+                (
+                    "public_url",
+                    models.CharField(
+                        help_text="The ws:// or wss:// URL clients use; NIP-42 AUTH must name it", max_length=300
+                    ),
+                ),
+                (
+                    "relay_secret",
+                    models.CharField(
+                        help_text="secp256k1 secret of the relay key",
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "relay_pubkey",
+                    models.CharField(
+                        max_length=64,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "admission",
+                    models.CharField(
+                        choices=[("members", "members only"), ("open", "any authenticated pubkey")],
+                        default="members",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'verbose_name_plural': 'communities',
-                'ordering': ['host'],
+                "verbose_name_plural": "communities",
+                "ordering": ["host"],
             },
         ),
         migrations.CreateModel(
-            name='ChannelStats',
+            name="ChannelStats",
             fields=[
-                ('channel', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='stats', serialize=False, to='buzz.channel')),
-                ('message_count', models.PositiveBigIntegerField(default=0)),
-                ('last_message_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "channel",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="stats",
+                        serialize=False,
+                        to="buzz.channel",
+                    ),
+                ),
+                ("message_count", models.PositiveBigIntegerField(default=0)),
+                ("last_message_at", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.AddField(
-            model_name='channel',
-            name='community',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='channels', to='buzz.community'),
+            model_name="channel",
+            name="community",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="channels", to="buzz.community"
+            ),
         ),
         migrations.CreateModel(
-            name='Ban',
+            name="Ban",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('pubkey', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('reason', models.CharField(blank=True, default='', max_length=500)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('lifted_at', models.DateTimeField(blank=True, null=True)),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='bans', to='buzz.community')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "pubkey",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                ("reason", models.CharField(blank=True, default="", max_length=500)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("lifted_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="bans", to="buzz.community"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('pubkey', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('name', models.CharField(blank=True, default='', max_length=200)),
-                ('token_hash', models.CharField(max_length=64, unique=True)),
-                ('prefix', models.CharField(help_text='first characters of the token, to recognise it', max_length=12)),
-                ('scopes', models.JSONField(default=list)),
-                ('channels', models.JSONField(blank=True, help_text='channel UUIDs; null means every channel', null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='buzz.community')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "pubkey",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                ("name", models.CharField(blank=True, default="", max_length=200)),
+                ("token_hash", models.CharField(max_length=64, unique=True)),
+                ("prefix", models.CharField(help_text="first characters of the token, to recognise it", max_length=12)),
+                ("scopes", models.JSONField(default=list)),
+                (
+                    "channels",
+                    models.JSONField(blank=True, help_text="channel UUIDs; null means every channel", null=True),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="tokens", to="buzz.community"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('pubkey', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('role', models.CharField(choices=[('owner', 'owner'), ('admin', 'admin'), ('member', 'member'), ('guest', 'guest'), ('bot', 'bot')], default='member', max_length=8)),
-                ('joined_at', models.DateTimeField(auto_now_add=True)),
-                ('removed_at', models.DateTimeField(blank=True, null=True)),
-                ('read_mark', models.PositiveBigIntegerField(default=0)),
-                ('channel', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='buzz.channel')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "pubkey",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("owner", "owner"),
+                            ("admin", "admin"),
+                            ("member", "member"),
+                            ("guest", "guest"),
+                            ("bot", "bot"),
+                        ],
+                        default="member",
+                        max_length=8,
+                    ),
+                ),
+                ("joined_at", models.DateTimeField(auto_now_add=True)),
+                ("removed_at", models.DateTimeField(blank=True, null=True)),
+                ("read_mark", models.PositiveBigIntegerField(default=0)),
+                (
+                    "channel",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="memberships", to="buzz.channel"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Mention',
+            name="Mention",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('pubkey', models.CharField(max_length=64)),
-                ('event_id', models.CharField(max_length=64)),
-                ('channel_id', models.UUIDField()),
-                ('kind', models.IntegerField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('read_at', models.DateTimeField(blank=True, null=True)),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='buzz.community')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("pubkey", models.CharField(max_length=64)),
+                ("event_id", models.CharField(max_length=64)),
+                ("channel_id", models.UUIDField()),
+                ("kind", models.IntegerField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("read_at", models.DateTimeField(blank=True, null=True)),
+                ("community", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="buzz.community")),
             ],
         ),
         migrations.CreateModel(
-            name='RelayMember',
+            name="RelayMember",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('pubkey', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('role', models.CharField(choices=[('owner', 'owner'), ('admin', 'admin'), ('moderator', 'moderator'), ('member', 'member')], default='member', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='members', to='buzz.community')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "pubkey",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("owner", "owner"),
+                            ("admin", "admin"),
+                            ("moderator", "moderator"),
+                            ("member", "member"),
+                        ],
+                        default="member",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="members", to="buzz.community"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['community', 'pubkey'],
+                "ordering": ["community", "pubkey"],
             },
         ),
         migrations.CreateModel(
-            name='StoredEvent',
+            name="StoredEvent",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('pubkey', models.CharField(max_length=64)),
-                ('kind', models.IntegerField()),
-                ('created_at', models.BigIntegerField()),
-                ('channel_id', models.UUIDField(blank=True, help_text='h tag: the channel the event belongs to', null=True)),
-                ('raw', models.TextField()),
-                ('received_at', models.DateTimeField(auto_now_add=True)),
-                ('deleted_at', models.DateTimeField(blank=True, null=True)),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='buzz.community')),
+                (
+                    "id",
+                    models.CharField(
+                        max_length=64,
+                        primary_key=True,
+                        serialize=False,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                ("pubkey", models.CharField(max_length=64)),
+                ("kind", models.IntegerField()),
+                ("created_at", models.BigIntegerField()),
+                (
+                    "channel_id",
+                    models.UUIDField(blank=True, help_text="h tag: the channel the event belongs to", null=True),
+                ),
+                ("raw", models.TextField()),
+                ("received_at", models.DateTimeField(auto_now_add=True)),
+                ("deleted_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="buzz.community"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='EventTag',
+            name="EventTag",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=1)),
-                ('value', models.CharField(max_length=4096)),
-                ('event', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tag_index', to='buzz.storedevent')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=1)),
+                ("value", models.CharField(max_length=4096)),
+                (
+                    "event",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="tag_index", to="buzz.storedevent"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='ThreadStats',
+            name="ThreadStats",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('root_id', models.CharField(max_length=64)),
-                ('channel_id', models.UUIDField()),
-                ('reply_count', models.PositiveBigIntegerField(default=0)),
-                ('last_reply_at', models.DateTimeField(blank=True, null=True)),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='buzz.community')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("root_id", models.CharField(max_length=64)),
+                ("channel_id", models.UUIDField()),
+                ("reply_count", models.PositiveBigIntegerField(default=0)),
+                ("last_reply_at", models.DateTimeField(blank=True, null=True)),
+                ("community", models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to="buzz.community")),
             ],
         ),
         migrations.CreateModel(
-            name='Timeout',
+            name="Timeout",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('pubkey', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[0-9a-f]{64}$', 'must be 64 lowercase hex characters')])),
-                ('until', models.DateTimeField()),
-                ('reason', models.CharField(blank=True, default='', max_length=500)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('community', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='timeouts', to='buzz.community')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "pubkey",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[0-9a-f]{64}$", "must be 64 lowercase hex characters"
+                            )
+                        ],
+                    ),
+                ),
+                ("until", models.DateTimeField()),
+                ("reason", models.CharField(blank=True, default="", max_length=500)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "community",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="timeouts", to="buzz.community"
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='channel',
-            constraint=models.UniqueConstraint(fields=('community', 'uuid'), name='channel_uuid_unique'),
+            model_name="channel",
+            constraint=models.UniqueConstraint(fields=("community", "uuid"), name="channel_uuid_unique"),
         ),
         migrations.AddIndex(
-            model_name='ban',
-            index=models.Index(fields=['community', 'pubkey'], name='ban_lookup'),
+            model_name="ban",
+            index=models.Index(fields=["community", "pubkey"], name="ban_lookup"),
         ),
         migrations.AddIndex(
-            model_name='membership',
-            index=models.Index(fields=['pubkey', 'channel'], name='membership_by_pubkey'),
+            model_name="membership",
+            index=models.Index(fields=["pubkey", "channel"], name="membership_by_pubkey"),
         ),
         migrations.AddConstraint(
-            model_name='membership',
-            constraint=models.UniqueConstraint(condition=models.Q(('removed_at__isnull', True)), fields=('channel', 'pubkey'), name='membership_active_unique'),
+            model_name="membership",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("removed_at__isnull", True)),
+                fields=("channel", "pubkey"),
+                name="membership_active_unique",
+            ),
         ),
         migrations.AddIndex(
-            model_name='mention',
-            index=models.Index(fields=['community', 'pubkey', '-created_at'], name='mention_inbox'),
+            model_name="mention",
+            index=models.Index(fields=["community", "pubkey", "-created_at"], name="mention_inbox"),
         ),
         migrations.AddConstraint(
-            model_name='mention',
-            constraint=models.UniqueConstraint(fields=('event_id', 'pubkey'), name='mention_unique'),
+            model_name="mention",
+            constraint=models.UniqueConstraint(fields=("event_id", "pubkey"), name="mention_unique"),
         ),
         migrations.AddConstraint(
-            model_name='relaymember',
-            constraint=models.UniqueConstraint(fields=('community', 'pubkey'), name='relay_member_unique'),
+            model_name="relaymember",
+            constraint=models.UniqueConstraint(fields=("community", "pubkey"), name="relay_member_unique"),
         ),
         migrations.AddIndex(
-            model_name='storedevent',
-            index=models.Index(fields=['community', 'kind', '-created_at'], name='event_kind_time'),
+            model_name="storedevent",
+            index=models.Index(fields=["community", "kind", "-created_at"], name="event_kind_time"),
         ),
         migrations.AddIndex(
-            model_name='storedevent',
-            index=models.Index(fields=['community', 'channel_id', '-created_at'], name='event_channel_time'),
+            model_name="storedevent",
+            index=models.Index(fields=["community", "channel_id", "-created_at"], name="event_channel_time"),
         ),
         migrations.AddIndex(
-            model_name='storedevent',
-            index=models.Index(fields=['community', 'pubkey', '-created_at'], name='event_author_time'),
+            model_name="storedevent",
+            index=models.Index(fields=["community", "pubkey", "-created_at"], name="event_author_time"),
         ),
         migrations.AddIndex(
-            model_name='eventtag',
-            index=django.contrib.postgres.indexes.HashIndex(fields=['value'], name='event_tag_value'),
+            model_name="eventtag",
+            index=django.contrib.postgres.indexes.HashIndex(fields=["value"], name="event_tag_value"),
         ),
         migrations.AddConstraint(
-            model_name='threadstats',
-            constraint=models.UniqueConstraint(fields=('community', 'root_id'), name='thread_root_unique'),
+            model_name="threadstats",
+            constraint=models.UniqueConstraint(fields=("community", "root_id"), name="thread_root_unique"),
         ),
         migrations.AddIndex(
-            model_name='timeout',
-            index=models.Index(fields=['community', 'pubkey', 'until'], name='timeout_lookup'),
+            model_name="timeout",
+            index=models.Index(fields=["community", "pubkey", "until"], name="timeout_lookup"),
         ),
     ]

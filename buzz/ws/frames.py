@@ -16,7 +16,6 @@ _TAG_KEY = re.compile(r"^#[A-Za-z]\Z")
 _MAX_INT = 2**53 - 1
 
 
-
 @dataclass(frozen=True, slots=True)
 class FrameLimits:
     max_message_length: int

@@ -219,9 +219,7 @@ class Session:
             # NIP-01: a REQ with an open subscription id replaces that subscription.
             await previous.close()
         elif len(self.subscriptions) >= self.limits.max_subscriptions:
-            self.reply(
-                ["CLOSED", frame.sub_id, f"blocked: at most {self.limits.max_subscriptions} open subscriptions"]
-            )
+            self.reply(["CLOSED", frame.sub_id, f"blocked: at most {self.limits.max_subscriptions} open subscriptions"])
             return
         channels = await self._channels_for(frame.sub_id, frame.filters)
         if channels is None or self._closing:

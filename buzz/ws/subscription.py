@@ -41,9 +41,7 @@ def dumps(value: Any) -> str:
 
 
 class ReqSubscription:
-    def __init__(
-        self, session: Session, sub_id: str, filters: Sequence[Filter], channels: Sequence[uuid.UUID]
-    ) -> None:
+    def __init__(self, session: Session, sub_id: str, filters: Sequence[Filter], channels: Sequence[uuid.UUID]) -> None:
         self.session = session
         self.sub_id = sub_id
         self.filters = tuple(filters)

@@ -100,4 +100,3 @@ async def test_move_is_recovered_by_replaying_each_channel(world: World, relay_f
         refused = await w.expect("OK", where=lambda m: m[1] == nine005["id"])
         assert refused[2] is False and refused[3].startswith("restricted:")
         assert [e["id"] for e in await stored(w, "dst2", {"#h": [str(world.dest)], "kinds": [45010]})] == [move["id"]]
-

@@ -57,16 +57,24 @@ def build_world() -> World:
         if ctype == "dm":
             participants = [keys["admin"].pubkey, keys["member"].pubkey] + [s.pubkey for s in insiders]
             channels.channel_create(
-                community=community, channel_uuid=cid, name=f"{ctype}-{state}", creator=keys["owner"].pubkey,
-                channel_type="dm", participants=participants,
+                community=community,
+                channel_uuid=cid,
+                name=f"{ctype}-{state}",
+                creator=keys["owner"].pubkey,
+                channel_type="dm",
+                participants=participants,
             )
         else:
             channels.channel_create(
-                community=community, channel_uuid=cid, name=f"{ctype}-{state}", creator=keys["owner"].pubkey,
+                community=community,
+                channel_uuid=cid,
+                name=f"{ctype}-{state}",
+                creator=keys["owner"].pubkey,
                 visibility=ctype,
             )
-            channels.member_put(community=community, channel_uuid=cid, actor=None, pubkey=keys["admin"].pubkey,
-                                role="admin")
+            channels.member_put(
+                community=community, channel_uuid=cid, actor=None, pubkey=keys["admin"].pubkey, role="admin"
+            )
             for who in ["member", "banned", "timed_out", "agent_of_banned_owner"]:
                 channels.member_put(community=community, channel_uuid=cid, actor=None, pubkey=keys[who].pubkey)
         if state == "archived":

@@ -118,9 +118,7 @@ async def test_non_member_is_restricted_and_open_admission_admits(keys: dict[str
         assert (await c.auth(keys["outsider"]))[2] is True
 
 
-async def test_bad_frames_get_reasons_and_connection_keeps_working(
-    keys: dict[str, Signer], relay_factory: Any
-) -> None:
+async def test_bad_frames_get_reasons_and_connection_keeps_working(keys: dict[str, Signer], relay_factory: Any) -> None:
     relay = relay_factory(BUZZ_MAX_MESSAGE_LENGTH="2048", BUZZ_MAX_SUBSCRIPTIONS="2", BUZZ_MAX_FILTERS="2")
     async with RelayClient.connect(relay.ws_url, host=HOST) as c:
         await c.auth(keys["member"])
@@ -197,8 +195,15 @@ async def test_nip11_document(keys: dict[str, Signer], relay_factory: Any) -> No
     assert doc["software"] and doc["version"]
     lim = doc["limitation"]
     for key in (
-        "max_message_length", "max_subscriptions", "max_filters", "max_limit", "max_subid_length",
-        "max_event_tags", "max_content_length", "created_at_lower_limit", "created_at_upper_limit",
+        "max_message_length",
+        "max_subscriptions",
+        "max_filters",
+        "max_limit",
+        "max_subid_length",
+        "max_event_tags",
+        "max_content_length",
+        "created_at_lower_limit",
+        "created_at_upper_limit",
     ):
         assert isinstance(lim[key], int), key
     assert lim["max_subscriptions"] == 7 and lim["auth_required"] is True

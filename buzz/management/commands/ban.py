@@ -46,7 +46,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"lifted {n} ban(s) of {opts['pubkey']}")
             elif action == "timeout":
                 t = timeout_add(
-                    community=community, pubkey=opts["pubkey"], duration=duration_arg(opts["duration"]),
+                    community=community,
+                    pubkey=opts["pubkey"],
+                    duration=duration_arg(opts["duration"]),
                     reason=opts["reason"],
                 )
                 self.stdout.write(f"timed out {t.pubkey} until {t.until:%Y-%m-%d %H:%M:%S} UTC")

@@ -90,28 +90,37 @@ class Command(BaseCommand):
     def _add_member(self, community: Any, opts: dict[str, Any]) -> None:
         check_pubkey(opts["pubkey"])
         m = services.member_put(
-            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
-            pubkey=opts["pubkey"], role=opts["role"],
+            community=community,
+            channel_uuid=existing_channel(community, opts["channel_id"]),
+            actor=None,
+            pubkey=opts["pubkey"],
+            role=opts["role"],
         )
         self.stdout.write(f"{m.pubkey} is {m.role} of {opts['channel_id']}")
 
     def _remove_member(self, community: Any, opts: dict[str, Any]) -> None:
         services.member_remove(
-            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
+            community=community,
+            channel_uuid=existing_channel(community, opts["channel_id"]),
+            actor=None,
             pubkey=opts["pubkey"],
         )
         self.stdout.write(f"removed {opts['pubkey']} from {opts['channel_id']}")
 
     def _archive(self, community: Any, opts: dict[str, Any]) -> None:
         services.channel_edit(
-            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
+            community=community,
+            channel_uuid=existing_channel(community, opts["channel_id"]),
+            actor=None,
             changes={"archived": "true"},
         )
         self.stdout.write(f"archived {opts['channel_id']}")
 
     def _unarchive(self, community: Any, opts: dict[str, Any]) -> None:
         services.channel_edit(
-            community=community, channel_uuid=existing_channel(community, opts["channel_id"]), actor=None,
+            community=community,
+            channel_uuid=existing_channel(community, opts["channel_id"]),
+            actor=None,
             changes={"archived": "false"},
         )
         self.stdout.write(f"unarchived {opts['channel_id']}")
