@@ -38,7 +38,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 	@touch $@
 
 run: $(STAMP)
-	$(PY) -m buzz.serve --port $(PORT) $(RUN_ARGS)
+	$(PY) -m buzz.dev.serve --port $(PORT) $(RUN_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -52,4 +52,4 @@ bench: $(STAMP)
 	else echo "no benchmarks yet (bench/run_all.py is missing)"; fi
 
 clean-var:
-	@if [ -x $(PY) ]; then $(PY) -m buzz.devservices clean var; else rm -rf var; fi
+	@if [ -x $(PY) ]; then $(PY) -m buzz.dev.devservices clean var; else rm -rf var; fi

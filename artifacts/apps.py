@@ -8,8 +8,8 @@ class ArtifactsConfig(AppConfig):
     def ready(self) -> None:
         from artifacts import services
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
-        from buzz.ingest import register_kind
-        from buzz.nip11 import register_section
+        from buzz.events.ingest import register_kind
+        from buzz.web.nip11 import register_section
 
         register_kind(KIND_ARTIFACT, services.accept_revision, already_accepted=services.already_accepted)
         register_kind(KIND_REMOVAL, services.reject_removal)

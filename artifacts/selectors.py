@@ -1,6 +1,6 @@
 """NIP-AR read views: current, history and head, and their counts.
 
-Every read is scoped by channel read permission from buzz.policy, applied in SQL
+Every read is scoped by channel read permission from buzz.access.policy, applied in SQL
 before matching, ordering, paging and counting. Each query runs in its own
 read-only transaction under an execution budget (SET LOCAL statement_timeout);
 an overrun is an explicit 503, never a partial result.
@@ -16,8 +16,8 @@ import psycopg.errors
 from django.conf import settings
 
 from artifacts.query import ArtifactQuery, QueryError
-from buzz.ingest import Actor
-from buzz.policy import check_read_many, check_reader, readable_channels
+from buzz.access.policy import check_read_many, check_reader, readable_channels
+from buzz.events.ingest import Actor
 from buzz.runtime import runtime
 
 # Predicates answered from columns of the head row rather than the tag index.

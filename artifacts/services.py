@@ -31,19 +31,19 @@ from artifacts.envelope import (
     parse_envelope,
 )
 from artifacts.query import MODES, QUERY_LIMITS
-from buzz.communities import CommunityInfo
-from buzz.events import indexed_tags
-from buzz.ingest import Actor, WriteResult
+from buzz.access.policy import ARCHIVED, NOT_A_MEMBER, TOKEN_CHANNEL, ChannelAccess, decide_post, load_access
+from buzz.chat.messages import mentioned
+from buzz.events.ingest import Actor, WriteResult
+from buzz.events.query import indexed_tags
+from buzz.identity.communities import CommunityInfo
 from buzz.live.hub import topic_for_channel
-from buzz.messages import mentioned
 from buzz.nostr import Event, Signer, verify_owner_attestation
-from buzz.policy import ARCHIVED, NOT_A_MEMBER, TOKEN_CHANNEL, ChannelAccess, decide_post, load_access
 from buzz.runtime import runtime
 
 log = logging.getLogger(__name__)
 
 HEAD_UNAVAILABLE = "conflict: head unavailable"
-DUPLICATE = "duplicate: already accepted"  # the text buzz.ingest answers a resubmission with
+DUPLICATE = "duplicate: already accepted"  # the text buzz.events.ingest answers a resubmission with
 IDENTITY_TAKEN = "conflict: artifact identity is taken"
 HEAD_CHANGED = "conflict: head changed; fetch the current revision and reapply your change"
 ANCHOR_INVALID = "invalid: root must be an existing, undeleted message in the artifact's channel"
@@ -282,7 +282,7 @@ async def _advance(
         return WriteResult.rejected(reason if not ok and not _channel_bound(reason) else HEAD_UNAVAILABLE), []
     pk, type_name, head_id, home, root, deleted = row
     # A copy of this event that committed while this one waited for the lock (a retry in flight): like the
-    # duplicate answer buzz.ingest gives before any check, it says only "you sent this before".
+    # duplicate answer buzz.events.ingest gives before any check, it says only "you sent this before".
     if head_id == event.id or (env.prev != head_id and await _revision_exists(conn, actor.community.id, event.id)):
         return WriteResult.accepted(DUPLICATE), []
     # Checked before anything else: can the sender write where the artifact lives now?

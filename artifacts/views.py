@@ -9,9 +9,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from artifacts import selectors
 from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query_body
-from buzz.httpauth import AuthFailure, authenticate
-from buzz.ingest import Actor
-from buzz.views import community_of
+from buzz.events.ingest import Actor
+from buzz.identity.httpauth import AuthFailure, authenticate
+from buzz.web.views import community_of
 
 # Room for every filter within the advertised limits, however it is encoded: JSON may spell each
 # predicate byte as a six-character escape (\u0001), plus the filter's own syntax. Past it, 413.

@@ -566,8 +566,8 @@ def main(argv: list[str] | None = None) -> int:
                 (
                     "artifacts/services.py",
                     "artifacts/envelope.py",
-                    "buzz/policy.py",
-                    "buzz/ingest.py",
+                    "buzz/access/policy.py",
+                    "buzz/events/ingest.py",
                     "buzz/runtime.py",
                     "buzz/live/publisher.py",
                 )

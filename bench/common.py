@@ -2,7 +2,7 @@
 
 What lives here:
 - finding the services: DATABASE_URL / REDIS_URL from the environment, or the
-  embedded servers of buzz.devservices when both are unset;
+  embedded servers of buzz.dev.devservices when both are unset;
 - starting the relay (migrate, a community for the bench Host, its members,
   then uvicorn) and the echo app of bench/echo_app.py, and stopping them;
 - opening a WebSocket to 127.0.0.1 while sending the community's Host header;
@@ -234,7 +234,7 @@ def service_env(stack: contextlib.ExitStack) -> dict[str, str]:
     """The environment for manage.py and the relay: BUZZ_DEV=1, DATABASE_URL, REDIS_URL.
 
     Both URLs come from the environment; when neither is set the embedded servers
-    of buzz.devservices are started under var/bench and stopped with the stack.
+    of buzz.dev.devservices are started under var/bench and stopped with the stack.
     """
     env = dict(os.environ)
     env["BUZZ_DEV"] = "1"
@@ -244,10 +244,10 @@ def service_env(stack: contextlib.ExitStack) -> dict[str, str]:
         if have_db or have_redis:
             raise BenchError("set both DATABASE_URL and REDIS_URL, or neither (embedded servers)")
         try:
-            from buzz.devservices import environment_urls  # type: ignore[import-not-found]
+            from buzz.dev.devservices import environment_urls  # type: ignore[import-not-found]
         except ImportError as err:
             raise BenchError(
-                "DATABASE_URL and REDIS_URL are unset and buzz.devservices is not available "
+                "DATABASE_URL and REDIS_URL are unset and buzz.dev.devservices is not available "
                 f"({err}); set them, e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_relay "
                 "REDIS_URL=redis://127.0.0.1:6379/5"
             ) from None

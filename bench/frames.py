@@ -37,8 +37,8 @@ GARBAGE = '["REQ", {not json'
 
 _SEED = """
 import asyncio
-from buzz.communities import community_by_host
-from buzz.events import store_event
+from buzz.identity.communities import community_by_host
+from buzz.events.query import store_event
 from buzz.nostr import Signer
 from buzz.runtime import runtime
 

@@ -753,7 +753,13 @@ def main(argv: list[str] | None = None) -> int:
             "relay: HTTP/1.1 keep-alive, Authorization: Bearer (messages:read); baseline: psycopg, one statement",
             "relay files: "
             + artifact_writes.files_digest(
-                ("artifacts/selectors.py", "artifacts/query.py", "buzz/policy.py", "buzz/tokens.py", "buzz/runtime.py")
+                (
+                    "artifacts/selectors.py",
+                    "artifacts/query.py",
+                    "buzz/access/policy.py",
+                    "buzz/identity/tokens.py",
+                    "buzz/runtime.py",
+                )
             ),
             *(
                 ["then the proposals, cumulatively: " + "; ".join(s.name for s in PROPOSAL_STEPS)]

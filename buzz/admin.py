@@ -5,10 +5,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from buzz.bans import ban_add
-from buzz.channels import ChannelError, channel_edit, member_remove
+from buzz.chat.bans import ban_add
+from buzz.chat.channels import ChannelError, channel_edit, member_remove
+from buzz.identity.tokens import token_revoke
 from buzz.models import ApiToken, Ban, Channel, Community, Membership, RelayMember, StoredEvent, Timeout
-from buzz.tokens import token_revoke
 
 
 class RelayMemberInline(admin.TabularInline[RelayMember, Community]):

@@ -6,6 +6,6 @@ class BuzzConfig(AppConfig):
     verbose_name = "Buzz relay"
 
     def ready(self) -> None:
-        from buzz import messages
+        from buzz.chat import messages
 
         messages.register()

@@ -15,7 +15,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
 django_http = get_asgi_application()
 
-from buzz.communities import directory  # noqa: E402  (needs Django set up first)
+from buzz.identity.communities import directory  # noqa: E402  (needs Django set up first)
 from buzz.runtime import runtime  # noqa: E402
 from buzz.ws.consumer import RelayConsumer  # noqa: E402
 

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from buzz import api, views
+from buzz.web import api, views
 
 urlpatterns = [
     path("", views.root, name="root"),

@@ -10,7 +10,7 @@ from typing import Any
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 
-from buzz.tokens import authenticate_bearer
+from buzz.identity.tokens import authenticate_bearer
 from buzz.ws.session import Session
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""NIP-01 filter matching for live events (the stored side is SQL in buzz.events). Pure."""
+"""NIP-01 filter matching for live events (the stored side is SQL in buzz.events.query). Pure."""
 
 from __future__ import annotations
 

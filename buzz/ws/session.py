@@ -16,13 +16,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from buzz.channels import STATE_KINDS
-from buzz.communities import CommunityInfo, admitted
-from buzz.events import count_events
-from buzz.ingest import Actor, event_id_of, ingest
+from buzz.access.policy import check_read, check_read_many, check_reader, parse_channel_id, readable_channels
+from buzz.chat.channels import STATE_KINDS
+from buzz.events.ingest import Actor, event_id_of, ingest
+from buzz.events.query import count_events
+from buzz.identity.communities import CommunityInfo, admitted
 from buzz.limits import Limits, limits
 from buzz.nostr import ProtocolError, parse_event, verify_auth_event
-from buzz.policy import check_read, check_read_many, check_reader, parse_channel_id, readable_channels
 from buzz.ws.frames import (
     AuthFrame,
     CloseFrame,
@@ -35,7 +35,7 @@ from buzz.ws.frames import (
     parse_frame,
 )
 from buzz.ws.outbound import Outbound, QueueFull
-from buzz.ws.subscription import ReqSubscription, dumps
+from buzz.ws.req import ReqSubscription, dumps
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.models import Channel, Membership
 from buzz.nostr import Signer
-from buzz.tokens import token_create
 
 HOST = "admin.test"
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from buzz import bans, channels
-from buzz.communities import community_create, member_add
+from buzz.chat import bans, channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.models import Community, Mention, StoredEvent
 from buzz.nostr import Signer
-from buzz.tokens import token_create
 from tests.db.chat_support import NOT_A_MEMBER, _request, http, message, nip98, publish, query, stored
 from tests.support.wsclient import RelayClient
 

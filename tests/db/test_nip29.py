@@ -1,6 +1,6 @@
 """NIP-29 group events: the channel services' rules, and the same rules over a real relay.
 
-Service tests call buzz.channels directly (inside a rolled-back transaction). The
+Service tests call buzz.chat.channels directly (inside a rolled-back transaction). The
 relay tests send 9000/9001/9002/9005/9007/9008/9021/9022 over a WebSocket and read
 the relay-signed 39000/39001/39002 state back with REQ. Every refusal they provoke
 is also checked to have stored nothing.
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from buzz import channels
-from buzz.channels import ChannelError
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.chat.channels import ChannelError
+from buzz.identity.communities import community_create, member_add
 from buzz.models import Channel, ChannelStats, Community, Membership, StoredEvent
 from buzz.nostr import Signer, parse_event, verify_event
 from tests.db.chat_support import NOT_A_MEMBER, message, publish, query, signed, stored

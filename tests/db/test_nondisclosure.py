@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from buzz import channels
-from buzz.channels import store_event_sync
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.chat.channels import store_event_sync
+from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.db.chat_support import NOT_A_MEMBER, http, message, publish, query, signed, stored
 from tests.support.wsclient import RelayClient

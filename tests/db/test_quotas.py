@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.db.chat_support import http, message, publish, stored
 from tests.support.wsclient import RelayClient

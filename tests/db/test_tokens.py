@@ -21,11 +21,11 @@ from django.core.management import call_command
 from django.utils import timezone
 from websockets.exceptions import InvalidStatus
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import hash_token, token_create, token_revoke
 from buzz.models import ApiToken, Channel, Community
 from buzz.nostr import Signer
-from buzz.tokens import hash_token, token_create, token_revoke
 from tests.db.chat_support import TOKEN_INVALID, http, message, publish, query, signed, stored
 from tests.support.wsclient import RelayClient
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psutil
 import pytest
 
-from buzz.devservices import Services, environment_urls, stop_leftovers
+from buzz.dev.devservices import Services, environment_urls, stop_leftovers
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 TEST_VAR_DIR = BASE_DIR / "var" / "test"

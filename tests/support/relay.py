@@ -28,8 +28,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
-from buzz.devservices import die_with_parent, free_port
-from buzz.serve import ws_implementation, ws_max_size
+from buzz.dev.devservices import die_with_parent, free_port
+from buzz.dev.serve import ws_implementation, ws_max_size
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_APP = "buzz.asgi:application"

@@ -1,4 +1,4 @@
-"""buzz.devservices against real embedded servers: the code path of `make run` and of the suite."""
+"""buzz.dev.devservices against real embedded servers: the code path of `make run` and of the suite."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import redis
 
-from buzz.devservices import environment_urls, start_embedded
+from buzz.dev.devservices import environment_urls, start_embedded
 from tests.support.environment import TEST_VAR_DIR
 
 

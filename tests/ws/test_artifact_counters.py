@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.models import Community, Mention
 from buzz.nostr import Signer
-from buzz.tokens import token_create
 from tests.db.chat_support import http
 from tests.support.wsclient import RelayClient
 

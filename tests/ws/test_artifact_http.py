@@ -26,11 +26,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from artifacts.models import Artifact, CurrentTag, MoveRemoval, Revision
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.models import Community, Mention, StoredEvent
 from buzz.nostr import Signer
-from buzz.tokens import token_create
 from tests.db.chat_support import http
 from tests.support.wsclient import RelayClient
 

@@ -28,11 +28,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from artifacts.models import Revision
-from buzz import bans, channels
-from buzz.communities import community_create, member_add
+from buzz.chat import bans, channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.models import Community
 from buzz.nostr import Signer
-from buzz.tokens import token_create
 from tests.db.chat_support import http
 from tests.support.wsclient import RelayClient
 

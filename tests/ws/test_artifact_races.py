@@ -25,8 +25,8 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from artifacts.models import Artifact, MoveRemoval, Revision
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
 from buzz.models import Community
 from buzz.nostr import Event, Signer, parse_event, verify_event
 from tests.support.wsclient import RelayClient

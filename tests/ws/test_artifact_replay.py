@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer, parse_event, verify_event
 from tests.support.wsclient import RelayClient
 

@@ -40,8 +40,8 @@ from hypothesis.stateful import (
 )
 
 from artifacts.models import Artifact, MoveRemoval, Revision
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.model.artifact_model import OPEN, PRIVATE, ArtifactEvent, ArtifactModel, Outcome
 from tests.support.wsclient import RelayClient

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from buzz import channels
-from buzz.communities import community_create, member_add
-from buzz.events import event_json
+from buzz.chat import channels
+from buzz.events.query import event_json
+from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.support.relay import relay_database_url
 from tests.support.wsclient import RelayClient

@@ -41,9 +41,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from buzz import channels
-from buzz.communities import community_create, member_add
-from buzz.events import event_json
+from buzz.chat import channels
+from buzz.events.query import event_json
+from buzz.identity.communities import community_create, member_add
 from buzz.live.hub import topic_for_channel
 from buzz.models import Community
 from buzz.nostr import Signer

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from buzz import bans, channels
-from buzz.communities import community_create, member_add
+from buzz.chat import bans, channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.models import Community
 from buzz.nostr import Signer, make_auth_tag
-from buzz.tokens import token_create
 from tests.support.wsclient import RelayClient
 
 HOST = "matrix.test"

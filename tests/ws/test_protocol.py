@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from buzz.communities import community_create, member_add
+from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.support.relay import relay_database_url
 from tests.support.wsclient import RelayClient

@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create, token_revoke
 from buzz.models import Community
 from buzz.nostr import Signer
-from buzz.tokens import token_create, token_revoke
 from tests.db.chat_support import publish
 from tests.model.query_model import Author, Channel, World
 from tests.support.relay import RelayProcess, relays_key

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
 from buzz.models import Community
 from buzz.nostr import Signer
 from tests.db.chat_support import nip98, publish

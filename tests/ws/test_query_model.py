@@ -32,10 +32,10 @@ from django.db import connection
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from buzz import channels
-from buzz.communities import community_create, member_add
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.nostr import Signer
-from buzz.tokens import token_create
 from tests.db.chat_support import nip98, publish
 from tests.model.query_model import Author, Channel, Denied, Reader, World, count, default_scope, evaluate
 from tests.support.relay import RelayProcess

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from buzz import bans, channels
-from buzz.communities import community_create, member_add
+from buzz.chat import bans, channels
+from buzz.identity.communities import community_create, member_add
+from buzz.identity.tokens import token_create
 from buzz.models import Community
 from buzz.nostr import Signer
-from buzz.tokens import token_create
 from tests.db.chat_support import nip98, publish
 from tests.model.query_model import Author, Channel, World
 from tests.support.relay import RelayProcess, relays_key

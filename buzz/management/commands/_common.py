@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from django.core.management.base import CommandError, CommandParser
 
-from buzz.communities import community_by_host, normalize_host
+from buzz.identity.communities import community_by_host, normalize_host
 from buzz.models import Community
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 from django.utils import timezone
 
-from buzz.bans import ban_add, ban_lift, timeout_add
+from buzz.chat.bans import ban_add, ban_lift, timeout_add
 from buzz.management.commands._common import actions, community_arg, duration_arg
 from buzz.models import Ban
 

@@ -8,9 +8,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from buzz import channels as services
-from buzz.channels import ChannelError
-from buzz.communities import check_pubkey
+from buzz.chat import channels as services
+from buzz.chat.channels import ChannelError
+from buzz.identity.communities import check_pubkey
 from buzz.management.commands._common import actions, channel_arg, community_arg
 from buzz.models import Channel, ChannelRole, ChannelType, Visibility
 

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from buzz.communities import community_by_host, community_create, member_add, normalize_host
+from buzz.identity.communities import community_by_host, community_create, member_add, normalize_host
 from buzz.management.commands._common import actions
 from buzz.models import AdmissionMode, Community, RelayRole
 

@@ -7,10 +7,10 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from buzz.access.policy import KNOWN_SCOPES
+from buzz.identity.tokens import token_create, token_revoke
 from buzz.management.commands._common import actions, community_arg, duration_arg
 from buzz.models import ApiToken
-from buzz.policy import KNOWN_SCOPES
-from buzz.tokens import token_create, token_revoke
 
 
 class Command(BaseCommand):

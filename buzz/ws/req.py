@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from buzz.events import query_events
+from buzz.access.policy import check_read
+from buzz.events.query import query_events
 from buzz.live.hub import HubUnavailable, LossReason, Subscription, topic_for_channel
-from buzz.policy import check_read
 from buzz.runtime import runtime
 from buzz.ws.frames import Filter
 from buzz.ws.match import matches_any

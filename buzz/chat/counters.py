@@ -1,7 +1,7 @@
 """Selectors for message counters: channel totals, unread, thread replies, mentions.
 
 Unread is derived: the channel's message_count minus the member's read_mark.
-Only kind-9 messages move these numbers (buzz.messages); NIP-AR revisions never do.
+Only kind-9 messages move these numbers (buzz.chat.messages); NIP-AR revisions never do.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from buzz.ingest import Actor
-from buzz.policy import readable_channels
+from buzz.access.policy import readable_channels
+from buzz.events.ingest import Actor
 from buzz.runtime import runtime
 
 _CHANNEL = """

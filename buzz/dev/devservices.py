@@ -20,7 +20,7 @@ Layout under `var_dir`:
 As root, PostgreSQL runs as the `embedded_postgres` system user (created if missing),
 which owns postgres/data; every directory above it gets o+x so that user can reach it.
 
-Run `python -m buzz.devservices clean DIR` to stop leftover servers and delete DIR.
+Run `python -m buzz.dev.devservices clean DIR` to stop leftover servers and delete DIR.
 """
 
 from __future__ import annotations
@@ -656,7 +656,7 @@ def stop_leftovers(var_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m buzz.devservices", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m buzz.dev.devservices", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     clean = sub.add_parser("clean", help="stop leftover servers under DIR, then delete DIR")
     clean.add_argument("dir", type=Path)

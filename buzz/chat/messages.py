@@ -14,14 +14,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from buzz import channels as channel_services
-from buzz.channels import ChannelError
-from buzz.events import event_json, indexed_tags
-from buzz.ingest import Actor, WriteResult, register_kind
-from buzz.live.hub import topic_for_channel
-from buzz.models import Community, StoredEvent
-from buzz.nostr import Event, ProtocolError
-from buzz.policy import (
+from buzz.access.policy import (
     MANAGER_ROLES,
     NOT_A_MEMBER,
     SCOPE_CHANNELS_WRITE,
@@ -30,6 +23,13 @@ from buzz.policy import (
     check_manage,
     check_post,
 )
+from buzz.chat import channels as channel_services
+from buzz.chat.channels import ChannelError
+from buzz.events.ingest import Actor, WriteResult, register_kind
+from buzz.events.query import event_json, indexed_tags
+from buzz.live.hub import topic_for_channel
+from buzz.models import Community, StoredEvent
+from buzz.nostr import Event, ProtocolError
 from buzz.runtime import runtime
 
 KIND_MESSAGE = 9

@@ -1,7 +1,7 @@
 """The access policy: the ONE place that decides who may read a channel and who may post in it.
 
 Posting follows the kind-9 order of the existing Buzz relay (REFERENCE.md),
-after the checks every event gets in buzz.ingest (signature, time window, size,
+after the checks every event gets in buzz.events.ingest (signature, time window, size,
 pubkey = authenticated identity):
 
   5. scope: messages:write          6. ban (also the owner's ban of an agent), timeout
@@ -23,7 +23,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from buzz.ingest import Actor
+from buzz.events.ingest import Actor
 from buzz.nostr import Event, ProtocolError, verify_owner_attestation
 from buzz.runtime import runtime
 

@@ -13,11 +13,11 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from buzz import counters
-from buzz.httpauth import AuthFailure, authenticate
-from buzz.ingest import event_id_of, ingest
-from buzz.policy import check_read, parse_channel_id
-from buzz.views import community_of
+from buzz.access.policy import check_read, parse_channel_id
+from buzz.chat import counters
+from buzz.events.ingest import event_id_of, ingest
+from buzz.identity.httpauth import AuthFailure, authenticate
+from buzz.web.views import community_of
 
 MAX_BODY = 1024 * 1024
 

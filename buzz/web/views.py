@@ -6,8 +6,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from buzz.communities import CommunityInfo
-from buzz.nip11 import relay_document
+from buzz.identity.communities import CommunityInfo
+from buzz.web.nip11 import relay_document
 
 NOSTR_JSON = "application/nostr+json"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.conf import settings
 
-from buzz.communities import CommunityInfo
-from buzz.ingest import accepted_kinds
+from buzz.events.ingest import accepted_kinds
+from buzz.identity.communities import CommunityInfo
 from buzz.limits import limits
 
 # NIPs this relay implements in full. Later features add theirs when they land.

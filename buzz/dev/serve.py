@@ -1,7 +1,7 @@
-"""Serve the relay for development: `python -m buzz.serve [--host H] [--port P]` (what `make run` runs).
+"""Serve the relay for development: `python -m buzz.dev.serve [--host H] [--port P]` (what `make run` runs).
 
 With DATABASE_URL / REDIS_URL unset it starts embedded PostgreSQL and Redis with their
-data under ./var/ (see buzz.devservices); with them set it uses those. It migrates,
+data under ./var/ (see buzz.dev.devservices); with them set it uses those. It migrates,
 makes sure a community exists for localhost, then serves with uvicorn until Ctrl-C or
 SIGTERM, and stops what it started.
 """
@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from buzz.devservices import ServiceError, environment_urls
+from buzz.dev.devservices import ServiceError, environment_urls
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_APP = "buzz.asgi:application"
 
 
@@ -73,7 +73,7 @@ def _ensure_local_community(port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m buzz.serve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m buzz.dev.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7777)
     parser.add_argument("--app", default=DEFAULT_APP, help=f"ASGI application to serve (default {DEFAULT_APP})")

@@ -14,12 +14,12 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http import HttpRequest
 
-from buzz.communities import CommunityInfo, admitted
-from buzz.ingest import Actor
+from buzz.events.ingest import Actor
+from buzz.identity.communities import CommunityInfo, admitted
+from buzz.identity.tokens import authenticate_bearer
 from buzz.limits import limits
 from buzz.nostr import ProtocolError, verify_http_auth
 from buzz.runtime import runtime
-from buzz.tokens import authenticate_bearer
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ import datetime as dt
 from django.db import transaction
 from django.utils import timezone
 
-from buzz.channels import signal_channels_of
-from buzz.communities import check_pubkey
+from buzz.chat.channels import signal_channels_of
+from buzz.identity.communities import check_pubkey
 from buzz.models import Ban, Community, Timeout
 
 

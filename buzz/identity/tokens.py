@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from buzz.communities import CommunityInfo, admitted, check_pubkey
-from buzz.ingest import Actor
+from buzz.events.ingest import Actor
+from buzz.identity.communities import CommunityInfo, admitted, check_pubkey
 from buzz.models import ApiToken, Community
 from buzz.runtime import runtime
 
@@ -42,7 +42,7 @@ def token_create(
     name: str = "",
     expires_in: dt.timedelta | None = None,
 ) -> IssuedToken:
-    from buzz.policy import KNOWN_SCOPES, parse_channel_id
+    from buzz.access.policy import KNOWN_SCOPES, parse_channel_id
 
     check_pubkey(pubkey)
     scope_list = sorted(set(scopes))

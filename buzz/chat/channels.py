@@ -19,7 +19,8 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from buzz.events import event_json, indexed_tags
+from buzz.access.policy import MANAGER_ROLES
+from buzz.events.query import event_json, indexed_tags
 from buzz.live.hub import topic_for_channel
 from buzz.live.publisher import publish_on_commit
 from buzz.models import (
@@ -34,7 +35,6 @@ from buzz.models import (
     Visibility,
 )
 from buzz.nostr import Event, Signer
-from buzz.policy import MANAGER_ROLES
 
 KIND_GROUP_METADATA = 39000
 KIND_GROUP_ADMINS = 39001

@@ -13,10 +13,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from buzz.communities import CommunityInfo
+from buzz.events.quotas import take_write_token
+from buzz.identity.communities import CommunityInfo
 from buzz.limits import Limits, limits
 from buzz.nostr import Event, ProtocolError, parse_event, verify_event
-from buzz.quotas import take_write_token
 
 log = logging.getLogger(__name__)
 

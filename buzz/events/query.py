@@ -14,8 +14,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from buzz.access.policy import parse_channel_id
 from buzz.nostr import Event
-from buzz.policy import parse_channel_id
 from buzz.runtime import runtime
 from buzz.ws.frames import Filter
 
