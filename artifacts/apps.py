@@ -8,6 +8,7 @@ class ArtifactsConfig(AppConfig):
     def ready(self) -> None:
         from artifacts import services
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
+        from buzz.chat.removals import register_removal_target
         from buzz.events.ingest import register_kind
         from buzz.web.nip11 import register_section
 
@@ -15,3 +16,7 @@ class ArtifactsConfig(AppConfig):
         register_kind(KIND_REMOVAL, services.reject_removal)
         register_kind(5, services.reject_kind5)
         register_section("artifacts", services.nip11_section)
+        # A revision or move removal is redacted, not withheld like a message: until redaction with its
+        # head and retirement rules exists, a 9005 aimed at one is refused.
+        register_removal_target(KIND_ARTIFACT, services.refuse_removal)
+        register_removal_target(KIND_REMOVAL, services.refuse_removal)

@@ -102,7 +102,11 @@ class MoveRemoval(models.Model):
 
 
 class PolicyStamp(models.Model):
-    """One per community: advanced atomically by every relevant channel-access change (incremental reads)."""
+    """One per community: the access-policy stamp that incremental-read tokens bind.
+
+    Nothing writes it yet. Incremental reads will have every relevant channel-access change advance it in
+    the same transaction, so a token minted before the change is refused afterwards.
+    """
 
     community = models.OneToOneField(Community, on_delete=models.CASCADE, primary_key=True)
     stamp = models.BigIntegerField(default=0)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from artifacts.envelope import AUTH_TAG, DEFAULT_LIMITS, KIND_ARTIFACT
+from buzz.errors import Refused
 
 MODES: Final = ("current", "history", "head")
 
@@ -42,11 +43,8 @@ class QueryLimits:
 QUERY_LIMITS: Final = QueryLimits()
 
 
-class QueryError(ValueError):
-    def __init__(self, reason: str, status: int = 400) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.status = status
+class QueryError(Refused):
+    """A query the relay can't serve; `reason` says why (invalid: for a malformed filter)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ import psycopg.errors
 from django.conf import settings
 
 from artifacts.query import ArtifactQuery, QueryError
-from buzz.access.policy import check_read_many, check_reader, readable_channels
-from buzz.events.ingest import Actor
+from buzz.access.policy import NOT_A_MEMBER, Denied, reader_scope
+from buzz.identity.actor import Actor
 from buzz.runtime import runtime
 
 # Predicates answered from columns of the head row rather than the tag index.
@@ -25,20 +25,13 @@ _COLUMN_PREDICATES = {"d": "a.d", "type": "a.type"}
 
 
 async def scope(actor: Actor, query: ArtifactQuery) -> list[uuid.UUID]:
-    """The channels a query covers. #h names them (each must be readable, one answer for missing and
-    unreadable); without #h it is every channel the reader can read that is joined or listed."""
+    """The channels a query covers (buzz.access.policy.reader_scope). #h names them, each of which must be
+    readable; without #h it is every channel the reader can read that is joined or listed. Raises Denied."""
     named = query.channels()
-    if named is not None:
-        if len(named) != len(query.values("h") or ()):
-            raise QueryError("restricted: not a channel member", 403)
-        decision = await check_read_many(actor, named)
-        if not decision.ok:
-            raise QueryError(decision.reason, 401 if decision.reason.startswith("auth-required") else 403)
-        return named
-    standing = await check_reader(actor)
-    if not standing.ok:
-        raise QueryError(standing.reason, 401 if standing.reason.startswith("auth-required") else 403)
-    return await readable_channels(actor)
+    if named is not None and len(named) != len(query.values("h") or ()):
+        # A value that is no channel id names no channel: the same answer as a missing one.
+        raise Denied(NOT_A_MEMBER)
+    return await reader_scope(actor, named=named or (), wide=named is None)
 
 
 def _md5(value: str) -> str:
@@ -135,7 +128,7 @@ async def _run(sql: str, args: list[Any]) -> list[tuple[Any, ...]]:
             )
             return await (await conn.execute(sql, args)).fetchall()
     except psycopg.errors.QueryCanceled:
-        raise QueryError("error: the query exceeded its execution budget; narrow it and try again", 503) from None
+        raise QueryError("error: the query exceeded its execution budget; narrow it and try again") from None
 
 
 async def query_events(actor: Actor, query: ArtifactQuery) -> list[str]:

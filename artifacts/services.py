@@ -32,11 +32,14 @@ from artifacts.envelope import (
 )
 from artifacts.query import MODES, QUERY_LIMITS
 from buzz.access.policy import ARCHIVED, NOT_A_MEMBER, TOKEN_CHANNEL, ChannelAccess, decide_post, load_access
+from buzz.chat.channels import ChannelError
 from buzz.chat.messages import mentioned
-from buzz.events.ingest import Actor, WriteResult
-from buzz.events.query import indexed_tags
+from buzz.chat.removals import DELETE_REFUSED, Removal
+from buzz.events.ingest import WriteResult
+from buzz.events.store import insert_ctes, insert_params
+from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
-from buzz.live.hub import topic_for_channel
+from buzz.live import signals
 from buzz.nostr import Event, Signer, verify_owner_attestation
 from buzz.runtime import runtime
 
@@ -47,7 +50,6 @@ DUPLICATE = "duplicate: already accepted"  # the text buzz.events.ingest answers
 IDENTITY_TAKEN = "conflict: artifact identity is taken"
 HEAD_CHANGED = "conflict: head changed; fetch the current revision and reapply your change"
 ANCHOR_INVALID = "invalid: root must be an existing, undeleted message in the artifact's channel"
-PUBLISH_WAIT = 1.0
 
 # Kinds that anchor a conversation an artifact can be attached to.
 ANCHOR_KINDS = (9,)
@@ -115,7 +117,7 @@ FOR UPDATE
 
 _HEAD_RAW = "SELECT raw FROM artifacts_revision WHERE id = %s"
 
-_CREATE = """
+_CREATE = f"""
 WITH art AS (
   INSERT INTO artifacts_artifact (community_id, d, type, head_id, home, root, deleted, retired, created_at, changed_at)
   VALUES (%(community)s, %(d)s, %(type)s, %(id)s, %(h)s, %(root)s, false, false, now(), clock_timestamp())
@@ -133,19 +135,13 @@ WITH art AS (
   INSERT INTO buzz_mention (community_id, pubkey, event_id, channel_id, kind, created_at)
   SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM art, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
-), stored AS (
-  -- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
-  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
-  SELECT %(id)s, %(community)s, %(pubkey)s, %(kind)s, %(created_at)s, %(h)s, %(raw)s, now() FROM art
-  RETURNING id
-), stored_tags AS (
-  INSERT INTO buzz_eventtag (event_id, name, value)
-  SELECT stored.id, t.n, t.v FROM stored, unnest(%(letter_names)s::text[], %(letter_values)s::text[]) AS t(n, v)
-)
+),
+-- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
+{insert_ctes("stored", "ev", source="art")}
 SELECT (SELECT seq FROM rev)
-"""
+"""  # noqa: S608 - composed from code, values are placeholders
 
-_ADVANCE = """
+_ADVANCE = f"""
 WITH rev AS (
   INSERT INTO artifacts_revision (id, community_id, artifact_id, op, channel, prev, root, pubkey, created_at, raw,
                                   seq, accepted_at)
@@ -170,26 +166,12 @@ WITH rev AS (
   SELECT %(removal_id)s::varchar, %(community)s, %(artifact)s, %(source)s, %(prev)s, %(id)s, %(removal_raw)s::text,
          nextval('artifacts_accept_seq'), clock_timestamp()
   WHERE %(removal_id)s::varchar IS NOT NULL
-), stored AS (
-  -- Both are stored events: the revision in its channel, and a move's removal in the source.
-  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
-  VALUES (%(id)s, %(community)s, %(pubkey)s, %(kind)s, %(created_at)s, %(h)s, %(raw)s, now())
-), stored_tags AS (
-  INSERT INTO buzz_eventtag (event_id, name, value)
-  SELECT %(id)s, t.n, t.v FROM unnest(%(letter_names)s::text[], %(letter_values)s::text[]) AS t(n, v)
-), stored_removal AS (
-  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
-  SELECT %(removal_id)s::varchar, %(community)s, %(relay_pubkey)s, %(removal_kind)s, %(removal_created_at)s,
-         %(source)s, %(removal_raw)s::text, now()
-  WHERE %(removal_id)s::varchar IS NOT NULL
-), stored_removal_tags AS (
-  INSERT INTO buzz_eventtag (event_id, name, value)
-  SELECT %(removal_id)s::varchar, t.n, t.v
-  FROM unnest(%(removal_letter_names)s::text[], %(removal_letter_values)s::text[]) AS t(n, v)
-  WHERE %(removal_id)s::varchar IS NOT NULL
-)
+),
+-- Both are stored events: the revision in its channel, and a move's removal in the source.
+{insert_ctes("stored", "ev")},
+{insert_ctes("stored_removal", "rm")}
 SELECT seq FROM rev
-"""
+"""  # noqa: S608 - composed from code, values are placeholders
 
 
 def removal_event(community: CommunityInfo, *, d: uuid.UUID, source: uuid.UUID, replaced: str) -> Event:
@@ -200,12 +182,6 @@ def removal_event(community: CommunityInfo, *, d: uuid.UUID, source: uuid.UUID, 
         tags=[["ar", "1"], ["d", str(d)], ["h", str(source)], ["reason", "moved"], ["prev", replaced]],
         content="",
     )
-
-
-def _letter_tags(prefix: str, event: Event | None) -> dict[str, list[str]]:
-    """The NIP-01 `#x` index rows of the stored copy (single-letter tags, first values)."""
-    names, values = indexed_tags(event) if event is not None else ([], [])
-    return {f"{prefix}_names": names, f"{prefix}_values": values}
 
 
 def _tag_arrays(event: Event) -> tuple[list[str], list[str]]:
@@ -227,7 +203,7 @@ async def accept_revision(actor: Actor, event: Event) -> WriteResult:
         else:
             result, published = await _advance(conn, actor, event, envelope, owner)
     if result.ok and published:
-        await _signal(actor.community.id, published)
+        await signals.publish_committed(actor.community.id, [(ch, signals.event_message(ev)) for ch, ev in published])
     return result
 
 
@@ -258,7 +234,7 @@ async def _create(
                 "tag_values": values,
                 "mentions": mentioned(event),
                 "kind": KIND_ARTIFACT,
-                **_letter_tags("letter", event),
+                **insert_params("ev", community_id=actor.community.id, event=event, channel=env.h),
             },
         )
     ).fetchone()
@@ -348,12 +324,9 @@ async def _advance(
                 "kind": KIND_ARTIFACT,
                 "removal_id": removal.id if removal else None,
                 "removal_raw": removal.to_json() if removal else None,
-                "removal_kind": KIND_REMOVAL,
-                "removal_created_at": removal.created_at if removal else None,
-                "relay_pubkey": actor.community.relay_pubkey,
                 "source": source,
-                **_letter_tags("letter", event),
-                **_letter_tags("removal_letter", removal),
+                **insert_params("ev", community_id=actor.community.id, event=event, channel=env.h),
+                **insert_params("rm", community_id=actor.community.id, event=removal, channel=source),
             },
         )
     ).fetchone()
@@ -365,17 +338,13 @@ async def _advance(
     return WriteResult.accepted(), published
 
 
-async def _signal(community_id: int, events: list[tuple[uuid.UUID, Event]]) -> None:
-    """After commit, before OK: each stored event goes to its channel's live subscribers (retried until
-    Redis takes it). Ordinary REQs deliver it; sync treats it as "this d changed" and reads the head."""
-    publisher = runtime.publisher()
-    for channel, event in events:
-        topic = topic_for_channel(community_id, str(channel))
-        await publisher.publish_confirmed(topic, {"t": "event", "event": event.to_dict()}, timeout=PUBLISH_WAIT)
-
-
 async def reject_removal(actor: Actor, event: Event) -> WriteResult:
     return WriteResult.rejected("invalid: kind 45011 removals are written by the relay, never by clients")
+
+
+def refuse_removal(removal: Removal) -> None:
+    """9005 on a revision or a move removal: refused (with the one 9005 refusal text) until redaction."""
+    raise ChannelError(DELETE_REFUSED)
 
 
 KIND5_REFUSED = (

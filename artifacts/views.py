@@ -9,8 +9,10 @@ from django.views.decorators.csrf import csrf_exempt
 
 from artifacts import selectors
 from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query_body
-from buzz.events.ingest import Actor
-from buzz.identity.httpauth import AuthFailure, authenticate
+from buzz.errors import Refused
+from buzz.identity.actor import Actor
+from buzz.identity.httpauth import authenticate
+from buzz.web.errors import error_response, refusal_response
 from buzz.web.views import community_of
 
 # Room for every filter within the advertised limits, however it is encoded: JSON may spell each
@@ -18,17 +20,14 @@ from buzz.web.views import community_of
 MAX_BODY = 6 * QUERY_LIMITS.max_total_bytes + 64 * 1024
 
 
-async def _parse(request: HttpRequest) -> tuple[Actor, ArtifactQuery]:
-    """Authenticate and parse, or raise QueryError with the reason and HTTP status."""
+async def _parse(request: HttpRequest) -> tuple[Actor, ArtifactQuery] | JsonResponse:
+    """Authenticate and parse; raises Refused (a query or auth refusal), or answers a transport error."""
     if request.method != "POST":
-        raise QueryError("invalid: use POST", 405)
+        return error_response("invalid: use POST", status=405)
     body = request.body
     if len(body) > MAX_BODY:
-        raise QueryError(f"invalid: body larger than {MAX_BODY} bytes", 413)
-    try:
-        actor = await authenticate(request, community_of(request), body)
-    except AuthFailure as err:
-        raise QueryError(err.reason, err.status) from None
+        return error_response(f"invalid: body larger than {MAX_BODY} bytes", status=413)
+    actor = await authenticate(request, community_of(request), body)
     try:
         decoded = json.loads(body)
     except ValueError:
@@ -39,10 +38,12 @@ async def _parse(request: HttpRequest) -> tuple[Actor, ArtifactQuery]:
 @csrf_exempt
 async def query(request: HttpRequest) -> HttpResponse:
     try:
-        actor, parsed = await _parse(request)
-        rows = await selectors.query_events(actor, parsed)
-    except QueryError as err:
-        return JsonResponse({"error": err.reason}, status=err.status)
+        parsed = await _parse(request)
+        if isinstance(parsed, JsonResponse):
+            return parsed
+        rows = await selectors.query_events(*parsed)
+    except Refused as err:
+        return refusal_response(err)
     # Stored events are canonical JSON text already: join them instead of decoding and encoding again.
     return HttpResponse("[" + ",".join(rows) + "]", content_type="application/json")
 
@@ -50,8 +51,10 @@ async def query(request: HttpRequest) -> HttpResponse:
 @csrf_exempt
 async def count(request: HttpRequest) -> HttpResponse:
     try:
-        actor, parsed = await _parse(request)
-        n = await selectors.count_events(actor, parsed)
-    except QueryError as err:
-        return JsonResponse({"error": err.reason}, status=err.status)
+        parsed = await _parse(request)
+        if isinstance(parsed, JsonResponse):
+            return parsed
+        n = await selectors.count_events(*parsed)
+    except Refused as err:
+        return refusal_response(err)
     return JsonResponse({"count": n})

@@ -36,24 +36,17 @@ MIXES = ("req", "badsig", "garbage")
 GARBAGE = '["REQ", {not json'
 
 _SEED = """
-import asyncio
+from django.db import transaction
 from buzz.identity.communities import community_by_host
-from buzz.events.query import store_event
+from buzz.events.store import store_sync
 from buzz.nostr import Signer
-from buzz.runtime import runtime
 
 community = community_by_host({host!r})
-
-async def seed():
-    signer = Signer.generate()
-    pool = await runtime.pool()
-    async with pool.connection() as conn:
-        for i in range({count}):
-            event = signer.sign_event(kind=9, tags=[], content=f"bench message {{i}}")
-            await store_event(conn, community_id=community.pk, event=event, channel_id=None)
-    await runtime.aclose()
-
-asyncio.run(seed())
+signer = Signer.generate()
+with transaction.atomic():
+    for i in range({count}):
+        event = signer.sign_event(kind=9, tags=[], content=f"bench message {{i}}")
+        store_sync(community_id=community.pk, event=event, channel=None)
 """
 
 

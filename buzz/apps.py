@@ -6,6 +6,7 @@ class BuzzConfig(AppConfig):
     verbose_name = "Buzz relay"
 
     def ready(self) -> None:
-        from buzz.chat import messages
+        from buzz.chat import groups, messages
 
         messages.register()
+        groups.register()

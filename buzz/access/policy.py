@@ -8,7 +8,11 @@ pubkey = authenticated identity):
   7. h tag; a channel-limited token must cover it
   8. member, or an open channel     9. not archived
 
-NIP-AR artifact writes call `check_post` unchanged (same checks, same point).
+Facts are loaded in one round trip (`load_access_many`, any number of channels)
+and decided by pure functions (`decide_post`, `decide_read`, `decide_manage`), so
+kind 9, NIP-29, REQ and COUNT, the counters, NIP-AR writes (which load the facts
+inside their own transaction and call `decide_post`) and every read share one
+decision path. `reader_scope` is the one definition of the channels a read covers.
 A channel that does not exist and a channel the actor can't read get the same
 answer, so errors are never an existence oracle.
 """
@@ -23,7 +27,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from buzz.events.ingest import Actor
+from buzz.errors import Refused
+from buzz.identity.actor import Actor
 from buzz.nostr import Event, ProtocolError, verify_owner_attestation
 from buzz.runtime import runtime
 
@@ -55,6 +60,10 @@ TOKEN_CHANNEL = "restricted: this token does not cover that channel"  # noqa: S1
 
 WRITER_ROLES = frozenset({"owner", "admin", "member", "guest", "bot"})
 MANAGER_ROLES = frozenset({"owner", "admin"})
+
+
+class Denied(Refused):
+    """The reader or writer may not do this; `reason` is the policy's text (one text for missing and unreadable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,3 +347,36 @@ async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None =
     else:
         rows = await (await conn.execute(_READABLE_SQL, params)).fetchall()
     return [r[0] for r in rows if token_covers(actor, r[0])]
+
+
+async def reader_scope(
+    actor: Actor,
+    *,
+    named: Sequence[uuid.UUID] = (),
+    wide: bool = False,
+    optional: Sequence[uuid.UUID] = (),
+    conn: AsyncConnection[Any] | None = None,
+) -> list[uuid.UUID]:
+    """The channels a read covers, sorted: the one definition REQ, COUNT, the NIP-AR views and sync share.
+
+    `named` (an explicit #h): every one must be readable, else Denied with the first denial's reason, one
+    text for missing and unreadable channels. `wide` (no #h): every channel the reader can read that it
+    joined or that is listed; unlisted open channels need to be named. `optional`: added when readable,
+    skipped without a word otherwise (so the answer is no existence oracle). Raises Denied.
+    """
+    channels: set[uuid.UUID] = set()
+    if named:
+        decision = await check_read_many(actor, sorted(set(named)), conn=conn)
+        if not decision.ok:
+            raise Denied(decision.reason)
+        channels.update(named)
+    if wide:
+        standing = await check_reader(actor, conn=conn)
+        if not standing.ok:
+            raise Denied(standing.reason)
+        channels.update(await readable_channels(actor, conn=conn))
+        extra = sorted(set(optional) - channels)
+        if extra:
+            facts = await load_access_many(actor, extra, conn=conn)
+            channels.update(c for c in extra if decide_read(actor, c, facts[c]).ok)
+    return sorted(channels)

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from buzz.chat.channels import signal_channels_of
 from buzz.identity.communities import check_pubkey
+from buzz.live import signals
 from buzz.models import Ban, Community, Timeout
 
 
@@ -25,7 +26,7 @@ def ban_add(*, community: Community, pubkey: str, reason: str = "", duration: dt
             expires_at=timezone.now() + duration if duration else None,
         )
         # Reads are refused to a banned pubkey: its open subscriptions re-check and end.
-        signal_channels_of(community, pubkey, why="ban")
+        signal_channels_of(community, pubkey, why=signals.WHY_BAN)
     return ban
 
 

@@ -12,26 +12,21 @@ import datetime as dt
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from buzz.access.policy import MANAGER_ROLES
-from buzz.events.query import event_json, indexed_tags
-from buzz.live.hub import topic_for_channel
-from buzz.live.publisher import publish_on_commit
+from buzz.events.store import discard_sync, store_sync
+from buzz.live import signals
 from buzz.models import (
     Channel,
     ChannelRole,
     ChannelStats,
     ChannelType,
     Community,
-    EventTag,
     Membership,
-    StoredEvent,
     Visibility,
 )
 from buzz.nostr import Event, Signer
@@ -51,24 +46,8 @@ class ChannelError(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class AccessSignal:
-    """Published after commit on the channel topic: subscribers re-check their access."""
-
-    channel: uuid.UUID
-    why: str
-
-    def message(self) -> dict[str, str]:
-        return {"t": "access", "channel": str(self.channel), "why": self.why}
-
-
 def _signal_access(channel: Channel, why: str) -> None:
-    publish_on_commit(
-        settings.REDIS_URL,
-        topic_for_channel(channel.community_id, str(channel.uuid)),
-        AccessSignal(channel.uuid, why).message(),
-        prefix=settings.BUZZ_REDIS_PREFIX,
-    )
+    signals.publish_on_commit(channel.community_id, channel.uuid, signals.access_message(channel.uuid, why))
 
 
 def active_members(channel: Channel) -> list[Membership]:
@@ -124,45 +103,19 @@ def _state_events(channel: Channel, signer: Signer, created_at: int) -> list[Eve
     ]
 
 
-def store_event_sync(community: Community, event: Event, channel: uuid.UUID | None) -> None:
-    """ORM twin of buzz.events.store_event for the synchronous services."""
-
-    _, created = StoredEvent.objects.get_or_create(
-        id=event.id,
-        defaults={
-            "community": community,
-            "pubkey": event.pubkey,
-            "kind": event.kind,
-            "created_at": event.created_at,
-            "channel_id": channel,
-            "raw": event_json(event),
-        },
-    )
-    if created:
-        names, values = indexed_tags(event)
-        EventTag.objects.bulk_create(
-            [EventTag(event_id=event.id, name=n, value=v) for n, v in zip(names, values, strict=True)]
-        )
-
-
 def refresh_state(channel: Channel) -> None:
     """Replace the channel's relay-signed 39000/39001/39002 events (addressable: one of each)."""
     community = channel.community
-    current = StoredEvent.objects.filter(community=community, channel_id=channel.uuid, kind__in=STATE_KINDS)
     # Each replacement must be newer than the one it replaces: for addressable events a client keeps
     # the newest, and a tie (two changes in one second) goes to the lower id, maybe the stale one.
-    previous = current.aggregate(latest=Max("created_at"))["latest"]
-    current.delete()
+    previous = discard_sync(community_id=community.pk, channel=channel.uuid, kinds=STATE_KINDS)
     if channel.deleted_at is not None:
         return
     created_at = max(int(time.time()), previous + 1 if previous is not None else 0)
-    topic = topic_for_channel(channel.community_id, str(channel.uuid))
     for event in _state_events(channel, Signer(community.relay_secret), created_at):
-        store_event_sync(community, event, channel.uuid)
+        store_sync(community_id=community.pk, event=event, channel=channel.uuid)
         # Live REQs on the state kinds see each replacement (after commit, like every signal).
-        publish_on_commit(
-            settings.REDIS_URL, topic, {"t": "event", "event": event.to_dict()}, prefix=settings.BUZZ_REDIS_PREFIX
-        )
+        signals.publish_on_commit(channel.community_id, channel.uuid, signals.event_message(event))
 
 
 # --- services ------------------------------------------------------------------
@@ -223,9 +176,9 @@ def channel_create(
         else:
             Membership.objects.create(channel=channel, pubkey=creator, role=ChannelRole.OWNER)
         if request is not None:
-            store_event_sync(community, request, channel.uuid)
+            store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, "created")
+        _signal_access(channel, signals.WHY_CREATED)
     return channel
 
 
@@ -287,9 +240,9 @@ def member_put(
                 channel=channel, pubkey=pubkey, role=role, read_mark=_message_count(channel)
             )
         if request is not None:
-            store_event_sync(community, request, channel.uuid)
+            store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, "membership")
+        _signal_access(channel, signals.WHY_MEMBERSHIP)
     return membership
 
 
@@ -317,9 +270,9 @@ def member_remove(
         target.removed_at = timezone.now()
         target.save(update_fields=["removed_at"])
         if request is not None:
-            store_event_sync(community, request, channel.uuid)
+            store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, "membership")
+        _signal_access(channel, signals.WHY_MEMBERSHIP)
 
 
 EDITABLE = ("name", "about", "topic", "purpose", "visibility", "archived", "ttl", "listed")
@@ -383,10 +336,10 @@ def channel_edit(
                     raise ChannelError("invalid: ttl must be a number of seconds")
         channel.save()
         if request is not None:
-            store_event_sync(community, request, channel.uuid)
+            store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
         if access_changed:
-            _signal_access(channel, "visibility")
+            _signal_access(channel, signals.WHY_VISIBILITY)
     return channel
 
 
@@ -401,9 +354,9 @@ def channel_delete(
         channel.deleted_at = timezone.now()
         channel.save(update_fields=["deleted_at"])
         if request is not None:
-            store_event_sync(community, request, channel.uuid)
+            store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, "deleted")
+        _signal_access(channel, signals.WHY_DELETED)
 
 
 def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, request: Event | None = None) -> None:
@@ -420,9 +373,9 @@ def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, 
             channel=channel, pubkey=pubkey, role=ChannelRole.MEMBER, read_mark=_message_count(channel)
         )
         if request is not None:
-            store_event_sync(community, request, channel.uuid)
+            store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, "membership")
+        _signal_access(channel, signals.WHY_MEMBERSHIP)
 
 
 def signal_channels_of(community: Community, pubkey: str, *, why: str) -> None:

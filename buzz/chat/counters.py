@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from buzz.access.policy import readable_channels
-from buzz.events.ingest import Actor
+from buzz.identity.actor import Actor
 from buzz.runtime import runtime
 
 _CHANNEL = """

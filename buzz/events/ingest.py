@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from buzz.events.quotas import take_write_token
-from buzz.identity.communities import CommunityInfo
+from buzz.identity.actor import Actor
 from buzz.limits import Limits, limits
 from buzz.nostr import Event, ProtocolError, parse_event, verify_event
 
@@ -22,41 +22,19 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Actor:
-    """Who is writing or reading: the authenticated pubkey and what its credential allows."""
-
-    community: CommunityInfo
-    pubkey: str
-    # None: NIP-42 login, which holds every scope and every channel.
-    scopes: frozenset[str] | None = None
-    channels: frozenset[str] | None = None
-    # The ApiToken row behind a bearer credential; the policy re-checks it on every decision.
-    token_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class WriteResult:
+    """What OK says: accepted or not, and the NIP-01 reason (HTTP maps its prefix to a status)."""
+
     ok: bool
     message: str
-    # HTTP status for POST /events; the WebSocket sends only ok and message.
-    status: int = 200
 
     @classmethod
     def accepted(cls, message: str = "") -> WriteResult:
-        return cls(True, message, 200)
+        return cls(True, message)
 
     @classmethod
     def rejected(cls, message: str) -> WriteResult:
-        prefix = message.split(":", 1)[0]
-        status = {
-            "auth-required": 401,
-            "restricted": 403,
-            "blocked": 403,
-            "rate-limited": 429,
-            "conflict": 409,
-            "error": 500,
-        }.get(prefix, 400)
-        return cls(False, message, status)
+        return cls(False, message)
 
 
 KindHandler = Callable[[Actor, Event], Awaitable[WriteResult]]

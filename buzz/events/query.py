@@ -1,66 +1,19 @@
-"""Stored events: the one writer (store_event) and the NIP-01 filter reader (query_events).
+"""Stored events: the NIP-01 filter reader (REQ and COUNT). The writer is buzz.events.store.
 
-Both run on async psycopg (buzz.runtime). Access is decided by the caller
+Reads run on async psycopg (buzz.runtime). Access is decided by the caller
 through `readable_channels`; an event bound to a channel is returned only when
 its channel is in that set.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-from psycopg import AsyncConnection
-
 from buzz.access.policy import parse_channel_id
-from buzz.nostr import Event
+from buzz.nostr.filters import Filter
 from buzz.runtime import runtime
-from buzz.ws.frames import Filter
-
-_INSERT = (
-    "INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (id) DO NOTHING"
-)
-_INSERT_TAGS = (
-    "INSERT INTO buzz_eventtag (event_id, name, value) SELECT %s, n, v FROM unnest(%s::text[], %s::text[]) AS t(n, v)"
-)
-
-
-def event_json(event: Event) -> str:
-    return json.dumps(event.to_dict(), ensure_ascii=False, separators=(",", ":"))
-
-
-def indexed_tags(event: Event) -> tuple[list[str], list[str]]:
-    """Single-letter tags with their first value: what a NIP-01 `#x` filter matches."""
-    names: list[str] = []
-    values: list[str] = []
-    seen: set[tuple[str, str]] = set()
-    for tag in event.tags:
-        if len(tag) >= 2 and len(tag[0]) == 1 and tag[0].isascii() and tag[0].isalpha():
-            key = (tag[0], tag[1])
-            if key not in seen:
-                seen.add(key)
-                names.append(tag[0])
-                values.append(tag[1])
-    return names, values
-
-
-async def store_event(
-    conn: AsyncConnection[Any], *, community_id: int, event: Event, channel_id: uuid.UUID | None
-) -> bool:
-    """Insert one event and its tag index inside the caller's transaction. False if already stored."""
-    cur = await conn.execute(
-        _INSERT,
-        (event.id, community_id, event.pubkey, event.kind, event.created_at, channel_id, event_json(event)),
-    )
-    if cur.rowcount == 0:
-        return False
-    names, values = indexed_tags(event)
-    if names:
-        await conn.execute(_INSERT_TAGS, (event.id, names, values))
-    return True
 
 
 def _where(community_id: int, f: Filter, readable_channels: Sequence[uuid.UUID]) -> tuple[str, list[Any]]:
@@ -96,13 +49,6 @@ def _where(community_id: int, f: Filter, readable_channels: Sequence[uuid.UUID])
     return " AND ".join(where), args
 
 
-def _matches_nothing(f: Filter) -> bool:
-    """A filter with an empty list matches nothing (NIP-01)."""
-    return any(v is not None and len(v) == 0 for v in (f.ids, f.authors, f.kinds)) or any(
-        not values for _, values in f.tags
-    )
-
-
 PAGE_ROWS = 100
 
 
@@ -118,7 +64,7 @@ async def query_events(
     seen: set[str] = set()
     pool = await runtime.pool()
     for f in filters:
-        if f.limit == 0 or _matches_nothing(f):
+        if f.limit == 0 or f.matches_nothing():
             continue
         where, args = _where(community_id, f, readable_channels)
         remaining = f.limit
@@ -153,7 +99,7 @@ async def count_events(
     parts: list[str] = []
     args: list[Any] = []
     for f in filters:
-        if _matches_nothing(f):
+        if f.matches_nothing():
             continue
         where, a = _where(community_id, f, readable_channels)
         parts.append(f"SELECT e.id FROM buzz_storedevent e WHERE {where}")  # noqa: S608 - placeholders only

@@ -8,13 +8,13 @@ authorization event id is accepted once, across every node (Redis SET NX).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http import HttpRequest
 
-from buzz.events.ingest import Actor
+from buzz.errors import Refused
+from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted
 from buzz.identity.tokens import authenticate_bearer
 from buzz.limits import limits
@@ -22,10 +22,8 @@ from buzz.nostr import ProtocolError, verify_http_auth
 from buzz.runtime import runtime
 
 
-@dataclass(frozen=True, slots=True)
-class AuthFailure(Exception):
-    reason: str
-    status: int = 401
+class AuthFailure(Refused):
+    """The request carries no valid credential (auth-required:), or one the community doesn't admit."""
 
 
 def request_url(request: HttpRequest, community: CommunityInfo) -> str:
@@ -59,9 +57,9 @@ async def authenticate(request: HttpRequest, community: CommunityInfo, body: byt
     try:
         fresh = await runtime.redis().set(key, b"1", nx=True, ex=2 * lim.http_auth_window + 5)
     except Exception:
-        raise AuthFailure("error: could not check the authorization, try again", 503) from None
+        raise AuthFailure("error: could not check the authorization, try again") from None
     if not fresh:
         raise AuthFailure("auth-required: this authorization event was already used")
     if not await admitted(community, auth.pubkey):
-        raise AuthFailure("restricted: not a relay member", 403)
+        raise AuthFailure("restricted: not a relay member")
     return Actor(community=community, pubkey=auth.pubkey)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from buzz.events.ingest import Actor
+from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted, check_pubkey
 from buzz.models import ApiToken, Community
 from buzz.runtime import runtime

@@ -1,4 +1,4 @@
-"""Live delivery: the node-level Redis pub/sub hub and the after-commit publisher."""
+"""Live delivery: the node-level Redis pub/sub hub, the after-commit publisher, and the signals (signals.py)."""
 
 from .hub import (
     Hub,
@@ -6,12 +6,10 @@ from .hub import (
     Listener,
     LossReason,
     Subscription,
-    get_hub,
-    set_hub,
     topic_for_channel,
     topic_for_community,
 )
-from .publisher import Publisher, publish_on_commit
+from .publisher import Publisher, publish_blocking_on_commit
 
 __all__ = [
     "Hub",
@@ -20,9 +18,7 @@ __all__ = [
     "LossReason",
     "Publisher",
     "Subscription",
-    "get_hub",
-    "publish_on_commit",
-    "set_hub",
+    "publish_blocking_on_commit",
     "topic_for_channel",
     "topic_for_community",
 ]

@@ -20,9 +20,8 @@ Each pub/sub connection object is used for one Redis session only: its connect
 hook refuses a second handshake, so an accidental implicit reconnect inside
 redis-py fails loudly instead of yielding a connection with no subscriptions.
 
-Everything runs on the event loop of the process (uvicorn has one). There is no
-module-level state except the process's hub, set once at startup with `set_hub`
-and read with `get_hub`.
+Everything runs on the event loop of the process (uvicorn has one). The process's
+hub is owned by buzz.runtime; this module keeps no state of its own.
 """
 
 from __future__ import annotations
@@ -53,8 +52,6 @@ __all__ = [
     "Subscription",
     "decode_message",
     "encode_message",
-    "get_hub",
-    "set_hub",
     "topic_for_channel",
     "topic_for_community",
 ]
@@ -751,21 +748,3 @@ class Hub:
             attempt += 1
             step = min(_BACKOFF_CAP, _BACKOFF_BASE * 2.0 ** min(attempt - 1, 16))
             await asyncio.sleep(step / 2 + random.uniform(0, step / 2))  # noqa: S311 (jitter, not crypto)
-
-
-# The process's hub. The ASGI startup creates it and calls set_hub(); consumers and
-# services call get_hub(). Tests make their own Hub objects and need neither.
-_process_hub: Hub | None = None
-
-
-def set_hub(hub: Hub | None) -> None:
-    """Install (or, with None, remove) the process's hub."""
-    global _process_hub
-    _process_hub = hub
-
-
-def get_hub() -> Hub:
-    """The process's hub; RuntimeError if the startup has not installed one."""
-    if _process_hub is None:
-        raise RuntimeError("no live hub installed: call buzz.live.hub.set_hub() at startup")
-    return _process_hub

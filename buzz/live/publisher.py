@@ -7,7 +7,7 @@ Two entry points:
   failed batch with capped, jittered backoff until it succeeds or the process
   stops. A retried batch may be published twice; that is harmless, a signal only
   says "this d changed" and the reader reads the current head.
-* `publish_on_commit` for the synchronous ORM side (admin, management commands):
+* `publish_blocking_on_commit` for the synchronous ORM side (admin, management commands):
   `transaction.on_commit` runs one PUBLISH with the sync redis client, retried for
   a bounded time (30 s by default) and then logged as an error, because a cron job
   must not hang forever on a Redis outage.
@@ -43,7 +43,7 @@ from redis.retry import Retry
 
 from .hub import Hub, encode_message
 
-__all__ = ["Publisher", "publish_on_commit"]
+__all__ = ["Publisher", "publish_blocking_on_commit"]
 
 logger = logging.getLogger("buzz.live")
 
@@ -238,7 +238,7 @@ def _publish_blocking(redis_url: str, wire: str, payload: bytes, budget: float) 
             time.sleep(min(remaining, _backoff(failures, 0.05, 2.0)))
 
 
-def publish_on_commit(
+def publish_blocking_on_commit(
     redis_url: str,
     topic: str,
     message: dict[str, Any],

@@ -15,22 +15,21 @@ from django.views.decorators.csrf import csrf_exempt
 
 from buzz.access.policy import check_read, parse_channel_id
 from buzz.chat import counters
+from buzz.errors import Refused
 from buzz.events.ingest import event_id_of, ingest
-from buzz.identity.httpauth import AuthFailure, authenticate
+from buzz.identity.actor import Actor
+from buzz.identity.httpauth import authenticate
+from buzz.web.errors import error_response, refusal_response, status_of
 from buzz.web.views import community_of
 
 MAX_BODY = 1024 * 1024
 
 
-def _error(reason: str, status: int) -> JsonResponse:
-    return JsonResponse({"error": reason}, status=status)
-
-
-async def _actor_or_error(request: HttpRequest, body: bytes) -> Any:
+async def _actor_or_error(request: HttpRequest, body: bytes) -> Actor | JsonResponse:
     try:
         return await authenticate(request, community_of(request), body)
-    except AuthFailure as err:
-        return _error(err.reason, err.status)
+    except Refused as err:
+        return refusal_response(err)
 
 
 def _write_reply(event_id: str, ok: bool, message: str, status: int) -> JsonResponse:
@@ -51,12 +50,12 @@ async def post_event(request: HttpRequest) -> JsonResponse:
         raw = None
     try:
         actor = await authenticate(request, community_of(request), body)
-    except AuthFailure as err:
-        return _write_reply(event_id_of(raw), False, err.reason, err.status)
+    except Refused as err:
+        return _write_reply(event_id_of(raw), False, err.reason, status_of(err.reason))
     if raw is None:
         return _write_reply("", False, "invalid: body is not JSON", 400)
     event_id, result = await ingest(actor, raw)
-    return _write_reply(event_id, result.ok, result.message, 200 if result.ok else result.status)
+    return _write_reply(event_id, result.ok, result.message, 200 if result.ok else status_of(result.message))
 
 
 async def _readable_channel(request: HttpRequest, channel_id: str) -> tuple[Any, uuid.UUID | None]:
@@ -66,19 +65,18 @@ async def _readable_channel(request: HttpRequest, channel_id: str) -> tuple[Any,
         return actor, None
     channel = parse_channel_id(channel_id)
     if channel is None:
-        return _error("invalid: channel id must be a lowercase UUID", 400), None
+        return error_response("invalid: channel id must be a lowercase UUID"), None
     decision = await check_read(actor, channel)
     if not decision.ok:
         # The same answer for a missing and an unreadable channel.
-        # restricted/blocked (no access, banned) are 403; auth-required (a dead token) is 401.
-        return _error(decision.reason, 403 if decision.reason.startswith(("restricted", "blocked")) else 401), None
+        return error_response(decision.reason), None
     return actor, channel
 
 
 async def channel_counts(request: HttpRequest, channel_id: str) -> JsonResponse:
     """Messages in the channel, and the caller's unread count there."""
     if request.method != "GET":
-        return _error("invalid: use GET", 405)
+        return error_response("invalid: use GET", status=405)
     actor, channel = await _readable_channel(request, channel_id)
     if channel is None:
         return actor  # type: ignore[no-any-return]
@@ -88,7 +86,7 @@ async def channel_counts(request: HttpRequest, channel_id: str) -> JsonResponse:
 @csrf_exempt
 async def mark_read(request: HttpRequest, channel_id: str) -> JsonResponse:
     if request.method != "POST":
-        return _error("invalid: use POST", 405)
+        return error_response("invalid: use POST", status=405)
     actor, channel = await _readable_channel(request, channel_id)
     if channel is None:
         return actor  # type: ignore[no-any-return]
@@ -97,7 +95,7 @@ async def mark_read(request: HttpRequest, channel_id: str) -> JsonResponse:
 
 async def thread_counts(request: HttpRequest, channel_id: str, root_id: str) -> JsonResponse:
     if request.method != "GET":
-        return _error("invalid: use GET", 405)
+        return error_response("invalid: use GET", status=405)
     actor, channel = await _readable_channel(request, channel_id)
     if channel is None:
         return actor  # type: ignore[no-any-return]
@@ -107,7 +105,7 @@ async def thread_counts(request: HttpRequest, channel_id: str, root_id: str) -> 
 async def unread(request: HttpRequest) -> JsonResponse:
     """Unread counts for every channel the caller is a member of."""
     if request.method != "GET":
-        return _error("invalid: use GET", 405)
+        return error_response("invalid: use GET", status=405)
     actor = await _actor_or_error(request, b"")
     if isinstance(actor, JsonResponse):
         return actor
@@ -117,12 +115,12 @@ async def unread(request: HttpRequest) -> JsonResponse:
 async def mentions(request: HttpRequest) -> JsonResponse:
     """The caller's mention records, newest first, only from channels it can still read."""
     if request.method != "GET":
-        return _error("invalid: use GET", 405)
+        return error_response("invalid: use GET", status=405)
     actor = await _actor_or_error(request, b"")
     if isinstance(actor, JsonResponse):
         return actor
     try:
         limit = min(max(int(request.GET.get("limit", "100")), 1), 1000)
     except ValueError:
-        return _error("invalid: limit must be an integer", 400)
+        return error_response("invalid: limit must be an integer")
     return JsonResponse({"mentions": await counters.mentions_for(actor, limit=limit)})

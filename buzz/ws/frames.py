@@ -7,13 +7,10 @@ Every malformed frame becomes a FrameError that carries the exact reply to send
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
-_TAG_KEY = re.compile(r"^#[A-Za-z]\Z")
-_MAX_INT = 2**53 - 1
+from buzz.nostr.filters import Filter, FilterError, parse_filter
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,23 +21,8 @@ class FrameLimits:
     max_limit: int
     default_limit: int
     max_filter_values: int = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Filter:
-    ids: tuple[str, ...] | None = None
-    authors: tuple[str, ...] | None = None
-    kinds: tuple[int, ...] | None = None
-    tags: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    since: int | None = None
-    until: int | None = None
-    limit: int = 0
-
-    def tag_values(self, letter: str) -> tuple[str, ...] | None:
-        for name, values in self.tags:
-            if name == letter:
-                return values
-        return None
+    # Filter keys that select a REQ mode registered by an app (buzz.ws.modes).
+    modes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +39,21 @@ class AuthFrame:
 class ReqFrame:
     sub_id: str
     filters: tuple[Filter, ...]
-    raw_filters: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeReqFrame:
+    """A REQ for a registered mode: its filters go to the mode unparsed (it has its own grammar)."""
+
+    sub_id: str
+    mode: str
+    filters: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class CountFrame:
     sub_id: str
     filters: tuple[Filter, ...]
-    raw_filters: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +61,7 @@ class CloseFrame:
     sub_id: str
 
 
-Frame = EventFrame | AuthFrame | ReqFrame | CountFrame | CloseFrame
+Frame = EventFrame | AuthFrame | ReqFrame | ModeReqFrame | CountFrame | CloseFrame
 
 
 class FrameError(Exception):
@@ -117,10 +106,15 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
             raise closed(sub_id, f"invalid: {verb} needs at least one filter")
         if len(raw) > limits.max_filters:
             raise closed(sub_id, f"invalid: at most {limits.max_filters} filters per {verb}")
+        mode = _mode_of(raw, limits)
+        if mode is not None:
+            if verb == "COUNT":
+                raise closed(sub_id, f"invalid: COUNT does not take {mode!r} filters")
+            return ModeReqFrame(sub_id, mode, tuple(raw))
         filters = tuple(_filter(sub_id, f, limits) for f in raw)
         if verb == "REQ":
-            return ReqFrame(sub_id, filters, tuple(raw))
-        return CountFrame(sub_id, filters, tuple(raw))
+            return ReqFrame(sub_id, filters)
+        return CountFrame(sub_id, filters)
     if verb == "CLOSE":
         if len(value) != 2:
             raise notice("invalid: CLOSE takes exactly one subscription id")
@@ -139,53 +133,20 @@ def _sub_id(value: list[Any], limits: FrameLimits) -> str:
     return sub_id
 
 
-def _int(sub_id: str, key: str, v: object, lo: int = 0, hi: int = _MAX_INT) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise closed(sub_id, f"invalid: filter {key} must be an integer from {lo} to {hi}")
-    return v
-
-
-def _values(sub_id: str, key: str, v: object, limits: FrameLimits) -> list[Any]:
-    if not isinstance(v, list):
-        raise closed(sub_id, f"invalid: filter {key} must be an array")
-    if len(v) > limits.max_filter_values:
-        raise closed(sub_id, f"invalid: filter {key} has more than {limits.max_filter_values} values")
-    return v
+def _mode_of(raw: list[Any], limits: FrameLimits) -> str | None:
+    """The registered mode any filter names by one of its keys (the mode then judges every filter)."""
+    for f in raw:
+        if isinstance(f, dict):
+            for key in f:
+                if key in limits.modes:
+                    return str(key)
+    return None
 
 
 def _filter(sub_id: str, raw: object, limits: FrameLimits) -> Filter:
-    if not isinstance(raw, dict):
-        raise closed(sub_id, "invalid: a filter must be a JSON object")
-    ids = authors = None
-    kinds = None
-    tags: list[tuple[str, tuple[str, ...]]] = []
-    since = until = None
-    limit = limits.default_limit
-    for key, v in raw.items():
-        if key in ("ids", "authors"):
-            items = _values(sub_id, key, v, limits)
-            if not all(isinstance(x, str) and _HEX64.match(x) for x in items):
-                raise closed(sub_id, f"invalid: filter {key} must hold 64-character lowercase hex strings")
-            if key == "ids":
-                ids = tuple(items)
-            else:
-                authors = tuple(items)
-        elif key == "kinds":
-            items = _values(sub_id, key, v, limits)
-            kinds = tuple(_int(sub_id, "kinds", k, 0, 65535) for k in items)
-        elif key == "since":
-            since = _int(sub_id, key, v)
-        elif key == "until":
-            until = _int(sub_id, key, v)
-        elif key == "limit":
-            # NIP-11 max_limit: the relay clamps a larger limit to this value.
-            limit = min(_int(sub_id, key, v), limits.max_limit)
-        elif _TAG_KEY.match(key):
-            items = _values(sub_id, key, v, limits)
-            if not all(isinstance(x, str) for x in items):
-                raise closed(sub_id, f"invalid: filter {key} must hold strings")
-            tags.append((key[1], tuple(items)))
-        else:
-            # No predicate is silently ignored: an unknown key would widen the result.
-            raise closed(sub_id, f"invalid: unsupported filter key {key[:64]!r}")
-    return Filter(ids=ids, authors=authors, kinds=kinds, tags=tuple(tags), since=since, until=until, limit=limit)
+    try:
+        return parse_filter(
+            raw, max_values=limits.max_filter_values, max_limit=limits.max_limit, default_limit=limits.default_limit
+        )
+    except FilterError as err:
+        raise closed(sub_id, err.reason) from None

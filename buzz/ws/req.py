@@ -16,18 +16,17 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from buzz.access.policy import check_read
 from buzz.events.query import query_events
-from buzz.live.hub import HubUnavailable, LossReason, Subscription, topic_for_channel
+from buzz.live import signals
+from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
+from buzz.live.hub import Subscription as LiveSubscription
+from buzz.nostr.filters import Filter, matches_any
 from buzz.runtime import runtime
-from buzz.ws.frames import Filter
-from buzz.ws.match import matches_any
+from buzz.ws.host import SubscriptionHost
 from buzz.ws.outbound import QueueFull
-
-if TYPE_CHECKING:
-    from buzz.ws.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +40,19 @@ def dumps(value: Any) -> str:
 
 
 class ReqSubscription:
-    def __init__(self, session: Session, sub_id: str, filters: Sequence[Filter], channels: Sequence[uuid.UUID]) -> None:
-        self.session = session
+    def __init__(
+        self, host: SubscriptionHost, sub_id: str, filters: Sequence[Filter], channels: Sequence[uuid.UUID]
+    ) -> None:
+        self.host = host
         self.sub_id = sub_id
         self.filters = tuple(filters)
         self.channels = tuple(channels)
         self._channel_strs = frozenset(str(c) for c in channels)
         self._prefix = f'["EVENT",{dumps(sub_id)},'
-        self._live: Subscription | None = None
+        self._live: LiveSubscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._held: list[dict[str, Any]] = []
-        self._held_max = session.limits.outbound_max_messages
+        self._held_max = host.limits.outbound_max_messages
         self._sent_ids: set[str] | None = set()  # ids sent from storage; dropped after EOSE
         self._eose = False
         self._rechecks = 0
@@ -83,23 +84,23 @@ class ReqSubscription:
         task = self._task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-        self.session.subscription_ended(self, reason)
+        self.host.subscription_ended(self, reason)
 
     # --- initial phase -------------------------------------------------------------
 
     async def _run(self) -> None:
         try:
             if self.channels:
-                topics = [topic_for_channel(self.session.community.id, c) for c in self._channel_strs]
+                topics = [topic_for_channel(self.host.community.id, c) for c in self._channel_strs]
                 try:
                     self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
                 except HubUnavailable:
                     self.end("error: live delivery is unavailable right now, try again")
                     return
-            outbound = self.session.outbound
+            outbound = self.host.outbound
             sent: set[str] = set()
             self._sent_ids = sent
-            rows = query_events(self.session.community.id, self.filters, readable_channels=self.channels)
+            rows = query_events(self.host.community.id, self.filters, readable_channels=self.channels)
             async for event_id, raw in rows:
                 sent.add(event_id)
                 await outbound.put(self._prefix + raw + "]", timeout=STORED_SEND_TIMEOUT)
@@ -119,7 +120,7 @@ class ReqSubscription:
         except asyncio.CancelledError:
             raise
         except QueueFull:
-            self.session.abort()
+            self.host.abort()
         except Exception:
             log.exception("REQ %s failed", self.sub_id)
             self.end("error: the query failed")
@@ -130,7 +131,7 @@ class ReqSubscription:
         if self.ended:
             return
         kind = message.get("t")
-        if kind == "event":
+        if kind == signals.EVENT:
             event = message.get("event")
             if not isinstance(event, dict):
                 self.end("error: live delivery received a malformed entry; send REQ again")
@@ -141,7 +142,7 @@ class ReqSubscription:
                 self.end("error: too many live events arrived during the stored read; send REQ again")
             else:
                 self._held.append(event)
-        elif kind == "access":
+        elif kind == signals.ACCESS:
             channel = message.get("channel")
             if isinstance(channel, str) and channel in self._channel_strs:
                 self._rechecks += 1
@@ -164,10 +165,10 @@ class ReqSubscription:
         try:
             text = self._render(event)
             if text is not None:
-                self.session.outbound.try_put(text)
+                self.host.outbound.try_put(text)
         except QueueFull:
             # The client stopped reading; dropping silently is not allowed, so the connection ends.
-            self.session.abort()
+            self.host.abort()
         except (KeyError, TypeError):
             self.end("error: live delivery received a malformed entry; send REQ again")
 
@@ -188,7 +189,7 @@ class ReqSubscription:
 
     async def _recheck(self, channel: str) -> None:
         try:
-            actor = self.session.actor
+            actor = self.host.actor
             if actor is None:
                 raise RuntimeError("subscription without an authenticated actor")
             decision = await check_read(actor, uuid.UUID(channel))

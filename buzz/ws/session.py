@@ -16,10 +16,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from buzz.access.policy import check_read, check_read_many, check_reader, parse_channel_id, readable_channels
+from buzz.access.policy import Denied, parse_channel_id, reader_scope
 from buzz.chat.channels import STATE_KINDS
-from buzz.events.ingest import Actor, event_id_of, ingest
+from buzz.events.ingest import event_id_of, ingest
 from buzz.events.query import count_events
+from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted
 from buzz.limits import Limits, limits
 from buzz.nostr import ProtocolError, parse_event, verify_auth_event
@@ -31,9 +32,12 @@ from buzz.ws.frames import (
     Filter,
     FrameError,
     FrameLimits,
+    ModeReqFrame,
     ReqFrame,
     parse_frame,
 )
+from buzz.ws.host import Subscription
+from buzz.ws.modes import req_mode, req_mode_keys
 from buzz.ws.outbound import Outbound, QueueFull
 from buzz.ws.req import ReqSubscription, dumps
 
@@ -50,6 +54,7 @@ def frame_limits(lim: Limits) -> FrameLimits:
         max_filters=lim.max_filters,
         max_limit=lim.max_limit,
         default_limit=lim.default_limit,
+        modes=req_mode_keys(),
     )
 
 
@@ -72,7 +77,7 @@ class Session:
         )
         self._close = close
         self._closing = False
-        self.subscriptions: dict[str, ReqSubscription] = {}
+        self.subscriptions: dict[str, Subscription] = {}
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -114,7 +119,7 @@ class Session:
             return
         if isinstance(frame, EventFrame):
             await self._event(frame)
-        elif isinstance(frame, ReqFrame):
+        elif isinstance(frame, ReqFrame | ModeReqFrame):
             await self._req(frame)
         elif isinstance(frame, CloseFrame):
             await self._close_sub(frame.sub_id)
@@ -188,29 +193,16 @@ class Session:
                     return None
                 named.add(channel)
         try:
-            if named:
-                decision = await check_read_many(actor, sorted(named))
-                if not decision.ok:
-                    self.reply(["CLOSED", sub_id, decision.reason])
-                    return None
-            if wide:
-                standing = await check_reader(actor)
-                if not standing.ok:
-                    self.reply(["CLOSED", sub_id, standing.reason])
-                    return None
-                named.update(await readable_channels(actor))
-                for channel in sorted(state_named - named):
-                    # An unlisted open channel is readable when named; a channel that isn't is
-                    # skipped without a word, so the answer is no existence oracle.
-                    if (await check_read(actor, channel)).ok:
-                        named.add(channel)
+            return await reader_scope(actor, named=sorted(named), wide=wide, optional=sorted(state_named))
+        except Denied as err:
+            self.reply(["CLOSED", sub_id, err.reason])
+            return None
         except Exception:
             log.exception("access check failed")
             self.reply(["CLOSED", sub_id, "error: could not check channel access, try again"])
             return None
-        return sorted(named)
 
-    async def _req(self, frame: ReqFrame) -> None:
+    async def _req(self, frame: ReqFrame | ModeReqFrame) -> None:
         if self.actor is None:
             self.reply(["CLOSED", frame.sub_id, "auth-required: authenticate with NIP-42 AUTH first"])
             return
@@ -221,14 +213,18 @@ class Session:
         elif len(self.subscriptions) >= self.limits.max_subscriptions:
             self.reply(["CLOSED", frame.sub_id, f"blocked: at most {self.limits.max_subscriptions} open subscriptions"])
             return
-        channels = await self._channels_for(frame.sub_id, frame.filters)
-        if channels is None or self._closing:
+        sub: Subscription | None
+        if isinstance(frame, ModeReqFrame):
+            sub = await req_mode(frame.mode)(self, frame.sub_id, frame.filters)
+        else:
+            channels = await self._channels_for(frame.sub_id, frame.filters)
+            sub = ReqSubscription(self, frame.sub_id, frame.filters, channels) if channels is not None else None
+        if sub is None or self._closing:
             return
-        sub = ReqSubscription(self, frame.sub_id, frame.filters, channels)
         self.subscriptions[frame.sub_id] = sub
         sub.start()
 
-    def subscription_ended(self, sub: ReqSubscription, reason: str) -> None:
+    def subscription_ended(self, sub: Subscription, reason: str) -> None:
         """The relay ends a subscription: CLOSED with reason, then it is forgotten."""
         if self.subscriptions.get(sub.sub_id) is sub:
             del self.subscriptions[sub.sub_id]

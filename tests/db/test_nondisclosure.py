@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from buzz.chat import channels
-from buzz.chat.channels import store_event_sync
+from buzz.events.store import store_sync
 from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.db.chat_support import NOT_A_MEMBER, http, message, publish, query, signed, stored
@@ -48,7 +48,7 @@ def probe(transactional_db: None) -> Probe:
     channels.member_put(community=community, channel_uuid=deleted, actor=None, pubkey=asker.pubkey)
     channels.channel_delete(community=community, channel_uuid=deleted, actor=None)
     secret = owner.sign_event(kind=9, tags=[["h", str(private)]], content="s")
-    store_event_sync(community, secret, private)
+    store_sync(community_id=community.pk, event=secret, channel=private)
     return Probe(owner, asker, uuid.uuid4(), private, deleted, secret.id)
 
 

@@ -20,7 +20,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from buzz.live.hub import Hub, LossReason
-from buzz.live.publisher import Publisher, publish_on_commit
+from buzz.live.publisher import Publisher, publish_blocking_on_commit
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -182,7 +182,7 @@ async def test_publish_on_commit_publishes_only_when_the_commit_callback_runs(mo
     try:
         rec = Recorder()
         await hub.subscribe(["t"], rec)
-        publish_on_commit(REDIS_URL, "t", {"d": "abc", "channels": ["general"]}, prefix=prefix)
+        publish_blocking_on_commit(REDIS_URL, "t", {"d": "abc", "channels": ["general"]}, prefix=prefix)
         [(callback, kwargs)] = registered
         assert kwargs.get("robust") is True
         await asyncio.sleep(0.05)
@@ -201,7 +201,7 @@ async def test_publish_on_commit_gives_up_after_its_budget(
 
     registered: list[Callable[[], object]] = []
     monkeypatch.setattr(transaction, "on_commit", lambda func, **kw: registered.append(func))
-    publish_on_commit(f"redis://127.0.0.1:{closed_port()}/0", "t", {"d": "abc"}, budget=0.4)
+    publish_blocking_on_commit(f"redis://127.0.0.1:{closed_port()}/0", "t", {"d": "abc"}, budget=0.4)
     [callback] = registered
     started = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="buzz.live"):
@@ -209,5 +209,5 @@ async def test_publish_on_commit_gives_up_after_its_budget(
     assert 0.35 <= time.monotonic() - started < 3.0
     assert any("gave up" in r.getMessage() for r in caplog.records)
     with pytest.raises(TypeError):
-        publish_on_commit(REDIS_URL, "t", {"x": {1, 2}})  # not JSON: refused before registering
+        publish_blocking_on_commit(REDIS_URL, "t", {"x": {1, 2}})  # not JSON: refused before registering
     assert len(registered) == 1

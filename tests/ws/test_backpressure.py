@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from buzz.chat import channels
-from buzz.events.query import event_json
+from buzz.events.store import event_json
 from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.support.relay import relay_database_url

@@ -42,7 +42,7 @@ import psycopg
 import pytest
 
 from buzz.chat import channels
-from buzz.events.query import event_json
+from buzz.events.store import event_json
 from buzz.identity.communities import community_create, member_add
 from buzz.live.hub import topic_for_channel
 from buzz.models import Community

@@ -1,0 +1,126 @@
+"""Stored events: the one writer of `buzz_storedevent` and its NIP-01 tag index.
+
+Every path that stores a signed event goes through here: kind-9 messages, NIP-29
+group events and relay-signed state, NIP-AR revisions and move removals. The hot
+paths write in one SQL statement together with their other rows, so this module
+gives them the statement's pieces (`insert_ctes`, `insert_params`) instead of
+running its own round trip; the synchronous ORM services call `store_sync`, which
+runs the same pieces on Django's connection. Withholding (a removed message, a
+redacted or expired revision) and replacing relay state also happen only here, so
+a change to how stored copies are kept is a change to this module alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection
+
+from buzz.nostr import Event
+
+# The stored copy's identity: what a resubmission of the same event collides on.
+CONFLICT_TARGET = "(id)"
+
+
+def event_json(event: Event) -> str:
+    """The stored text of an event: compact JSON, served back verbatim by every read."""
+    return event.to_json()
+
+
+def indexed_tags(event: Event) -> tuple[list[str], list[str]]:
+    """Single-letter tags with their first value: what a NIP-01 `#x` filter matches."""
+    names: list[str] = []
+    values: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for tag in event.tags:
+        if len(tag) >= 2 and len(tag[0]) == 1 and tag[0].isascii() and tag[0].isalpha():
+            key = (tag[0], tag[1])
+            if key not in seen:
+                seen.add(key)
+                names.append(tag[0])
+                values.append(tag[1])
+    return names, values
+
+
+def insert_ctes(name: str, key: str, *, source: str | None = None) -> str:
+    """Two CTEs for a larger statement: `{name}` stores the event given by the `{key}_*` parameters
+    (see `insert_params`) and returns its id, `{name}_tags` writes its tag index.
+
+    Nothing is written when `{key}_id` is NULL (an optional event, such as the removal of a
+    move that is not a move), when `source` names a CTE that returned no row, or when the
+    event is stored already; other CTEs can test `EXISTS (SELECT 1 FROM {name})`.
+    """
+    origin = f" FROM {source}" if source else ""
+    return f"""{name} AS (
+  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
+  SELECT %({key}_id)s::varchar, %({key}_community)s::bigint, %({key}_pubkey)s::varchar, %({key}_kind)s::int,
+         %({key}_created_at)s::bigint, %({key}_channel)s::uuid, %({key}_raw)s::text, now(){origin}
+  WHERE %({key}_id)s::varchar IS NOT NULL
+  ON CONFLICT {CONFLICT_TARGET} DO NOTHING RETURNING id
+), {name}_tags AS (
+  INSERT INTO buzz_eventtag (event_id, name, value)
+  SELECT {name}.id, t.n, t.v FROM {name}, unnest(%({key}_tag_names)s::text[], %({key}_tag_values)s::text[]) AS t(n, v)
+)"""  # noqa: S608 - identifiers come from code, values are placeholders
+
+
+def insert_params(key: str, *, community_id: int, event: Event | None, channel: uuid.UUID | None) -> dict[str, Any]:
+    """The parameters of `insert_ctes(..., key)`; `event` None writes nothing."""
+    names, values = indexed_tags(event) if event is not None else ([], [])
+    return {
+        f"{key}_id": event.id if event is not None else None,
+        f"{key}_community": community_id,
+        f"{key}_pubkey": event.pubkey if event is not None else None,
+        f"{key}_kind": event.kind if event is not None else None,
+        f"{key}_created_at": event.created_at if event is not None else None,
+        f"{key}_channel": channel,
+        f"{key}_raw": event_json(event) if event is not None else None,
+        f"{key}_tag_names": names,
+        f"{key}_tag_values": values,
+    }
+
+
+_STORE = f"WITH {insert_ctes('ins', 'ev')} SELECT count(*) FROM ins"  # noqa: S608
+
+
+def store_sync(*, community_id: int, event: Event, channel: uuid.UUID | None) -> bool:
+    """Store one event inside the caller's ORM transaction. False if it was stored already."""
+    with connection.cursor() as cur:
+        cur.execute(_STORE, insert_params("ev", community_id=community_id, event=event, channel=channel))
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
+def withhold_sync(*, community_id: int, ids: Sequence[str]) -> int:
+    """Withhold stored copies from every read (a removed message, a redacted or expired revision).
+
+    The rows stay: an id once accepted is never accepted again. Returns how many were withheld now.
+    """
+    if not ids:
+        return 0
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE buzz_storedevent SET deleted_at = now()"
+            " WHERE community_id = %s AND id = ANY(%s) AND deleted_at IS NULL",
+            [community_id, list(ids)],
+        )
+        return int(cur.rowcount)
+
+
+def discard_sync(*, community_id: int, channel: uuid.UUID, kinds: Iterable[int]) -> int | None:
+    """Delete a channel's stored events of replaceable kinds (relay-signed state, replaced as a whole).
+
+    Returns the newest created_at among them (None when there were none): a replacement must be newer.
+    """
+    with connection.cursor() as cur:
+        cur.execute(
+            "WITH gone AS (SELECT id, created_at FROM buzz_storedevent WHERE community_id = %s AND channel_id = %s"
+            " AND kind = ANY(%s) FOR UPDATE),"
+            " tags AS (DELETE FROM buzz_eventtag WHERE event_id IN (SELECT id FROM gone)),"
+            " rows AS (DELETE FROM buzz_storedevent WHERE id IN (SELECT id FROM gone))"
+            " SELECT max(created_at) FROM gone",
+            [community_id, channel, list(kinds)],
+        )
+        row = cur.fetchone()
+    return int(row[0]) if row and row[0] is not None else None
