@@ -6,16 +6,20 @@ class ArtifactsConfig(AppConfig):
     verbose_name = "NIP-AR artifacts"
 
     def ready(self) -> None:
-        from artifacts import services
+        from artifacts import services, sync
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
         from buzz.chat.removals import register_removal_target
         from buzz.events.ingest import register_kind
         from buzz.web.nip11 import register_section
+        from buzz.ws.modes import register_req_mode
 
         register_kind(KIND_ARTIFACT, services.accept_revision, already_accepted=services.already_accepted)
         register_kind(KIND_REMOVAL, services.reject_removal)
         register_kind(5, services.reject_kind5)
         register_section("artifacts", services.nip11_section)
+        register_section("websocket_query_extensions", services.nip11_query_extensions)
+        # NIP-AR sync: a REQ whose filter has "artifact" is a sync (artifacts.sync).
+        register_req_mode(sync.MODE_KEY, sync.open_sync)
         # A revision or move removal is redacted, not withheld like a message: until redaction with its
         # head and retirement rules exists, a 9005 aimed at one is refused.
         register_removal_target(KIND_ARTIFACT, services.refuse_removal)

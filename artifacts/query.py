@@ -7,6 +7,7 @@ a QueryError with an `invalid:` reason (HTTP 400). Limits are advertised in NIP-
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -160,3 +161,33 @@ def parse_query_body(body: Any, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQ
     if not isinstance(body, list) or len(body) != 1:
         raise QueryError("invalid: the body must be a JSON array with exactly one filter")
     return parse_query(body[0], limits)
+
+
+def parse_sync_filter(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuery:
+    """The filter of a NIP-AR sync REQ: the current-state filter, with #h required and no paging.
+
+    It is the current view's filter (same predicates, same limits, `kinds: [45010]` allowed), so the
+    sync's scope is what `current` returns to the reader for it. Raises QueryError.
+    """
+    if isinstance(raw, dict) and raw.get("artifact") in ("history", "head"):
+        raise QueryError(f"invalid: the {raw['artifact']} view has no REQ form; use POST /query")
+    query = parse_query(raw, limits)
+    if query.mode != "current":
+        raise QueryError('invalid: a sync filter has "artifact": "current"')
+    if query.paged:
+        raise QueryError("invalid: a sync takes no limit or offset; it streams the whole set")
+    if query.values("h") is None:
+        raise QueryError("invalid: a sync filter needs #h with one or more channels")
+    return query
+
+
+def matches(query: ArtifactQuery, tags: Iterable[tuple[str, str]]) -> bool:
+    """NIP-AR's match rule on a head's (tag name, first value) pairs (artifacts.envelope.match_tags): every
+    predicate name has a tag whose first value is one of the requested values. Names AND, values OR.
+
+    The same rule the current view applies in SQL (artifacts.selectors), for a head in memory.
+    """
+    have: dict[str, set[str]] = {}
+    for name, value in tags:
+        have.setdefault(name, set()).add(value)
+    return all(not have.get(name, set()).isdisjoint(values) for name, values in query.predicates)

@@ -38,7 +38,9 @@ def _md5(value: str) -> str:
     return hashlib.md5(value.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
-def _current_where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
+def current_where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
+    """The current view's WHERE over `artifacts_artifact a` joined to its head `r`: scope, then predicates.
+    Sync's snapshot reads the same rows (artifacts.sync)."""
     where = ["a.community_id = %s", "a.home = ANY(%s)", "NOT a.deleted", "NOT a.retired"]
     args: list[Any] = [actor.community.id, channels]
     for name, values in query.predicates:
@@ -108,7 +110,7 @@ _FROM = {
 
 def _where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
     if query.mode == "current":
-        return _current_where(actor, query, channels)
+        return current_where(actor, query, channels)
     if query.mode == "history":
         return _history_where(actor, query, channels)
     return _head_where(actor, query, channels)

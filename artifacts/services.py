@@ -360,15 +360,21 @@ async def reject_kind5(actor: Actor, event: Event) -> WriteResult:
 
 
 def nip11_section(community: CommunityInfo) -> dict[str, Any]:
-    """NIP-11 `artifacts`: the envelope version and every limit the write path enforces.
-
-    Sync (and websocket_query_extensions) are advertised when sync lands: a relay advertises only
-    what every backend serving the connection runs.
-    """
-    return {
+    """NIP-11 `artifacts`: the envelope version, every limit the write path and the views enforce, and sync
+    (with `max_events`) when this relay runs it. A relay advertises only what every backend serving the
+    connection runs: BUZZ_SYNC_ENABLED says so for the deployment."""
+    section: dict[str, Any] = {
         "version": 1,
         "envelope": ENVELOPE_VERSION,
         "modes": list(MODES),
         "limits": {**DEFAULT_LIMITS.nip11(), **QUERY_LIMITS.nip11()},
         "query_budget_ms": settings.BUZZ_QUERY_BUDGET_MS,
     }
+    if settings.BUZZ_SYNC["enabled"]:
+        section["sync"] = {"version": 1, "max_events": settings.BUZZ_SYNC["max_events"]}
+    return section
+
+
+def nip11_query_extensions(community: CommunityInfo) -> bool | None:
+    """NIP-11 `websocket_query_extensions`: REQ takes the artifact filter (sync)."""
+    return True if settings.BUZZ_SYNC["enabled"] else None

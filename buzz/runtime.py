@@ -8,7 +8,8 @@ runs every call of a process on one thread (DESIGN.md, measured facts).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 from psycopg import AsyncConnection
@@ -18,6 +19,8 @@ from redis.asyncio import Redis
 
 from buzz.live.hub import Hub
 from buzz.live.publisher import Publisher
+
+T = TypeVar("T")
 
 
 def conninfo_from_settings() -> str:
@@ -36,11 +39,27 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
+async def _open_pool(min_size: int, max_size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
+    pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+        conninfo_from_settings(),
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2},
+        open=False,
+        timeout=timeout,
+    )
+    await pool.open(wait=min_size > 0, timeout=timeout)
+    return pool
+
+
 class Runtime:
     """Owns the pool for the running event loop; a new loop (tests) gets a new pool."""
 
     def __init__(self) -> None:
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._snapshots: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._shared: dict[str, Any] = {}
+        self._shared_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._redis: Redis | None = None
@@ -50,29 +69,47 @@ class Runtime:
         self._hub_loop: asyncio.AbstractEventLoop | None = None
 
     async def pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """The pool of the hot paths: writes, head reads, access checks, short reads."""
+        pools = await self._pools()
+        return pools[0]
+
+    async def snapshot_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """Connections of their own for long read-only snapshots (NIP-AR sync rule 2), so that slow
+        snapshots never take the write path's connections."""
+        pools = await self._pools()
+        return pools[1]
+
+    async def _pools(
+        self,
+    ) -> tuple[AsyncConnectionPool[AsyncConnection[Any]], AsyncConnectionPool[AsyncConnection[Any]]]:
         loop = asyncio.get_running_loop()
-        if self._pool is not None and self._loop is loop:
-            return self._pool
+        if self._pool is not None and self._snapshots is not None and self._loop is loop:
+            return self._pool, self._snapshots
         if self._lock is None or self._loop is not loop:
             self._lock = asyncio.Lock()
             self._loop = loop
-            self._pool = None
+            self._pool = self._snapshots = None
         async with self._lock:
-            if self._pool is None:
+            if self._pool is None or self._snapshots is None:
                 limits = settings.BUZZ_DB_POOL
-                pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-                    conninfo_from_settings(),
-                    min_size=limits["min_size"],
-                    max_size=limits["max_size"],
-                    kwargs={"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2},
-                    open=False,
-                    timeout=limits["timeout"],
-                )
-                await pool.open(wait=True, timeout=limits["timeout"])
-                self._pool = pool
-        if self._pool is None:
+                self._pool = await _open_pool(limits["min_size"], limits["max_size"], limits["timeout"])
+                self._snapshots = await _open_pool(0, limits["snapshot_max_size"], limits["timeout"])
+        if self._pool is None or self._snapshots is None:
             raise RuntimeError("database pool failed to open")
-        return self._pool
+        return self._pool, self._snapshots
+
+    def shared(self, name: str, factory: Callable[[], T]) -> T:
+        """A process-wide object of an app (e.g. a reader shared by every sync), one per event loop.
+
+        The runtime owns it like the pool and the hub, so no app keeps connection state in a module global.
+        """
+        loop = asyncio.get_running_loop()
+        if self._shared_loop is not loop:
+            self._shared, self._shared_loop = {}, loop
+        if name not in self._shared:
+            self._shared[name] = factory()
+        value: T = self._shared[name]
+        return value
 
     def redis(self) -> Redis:
         """A command (non-pub/sub) client for the running loop."""
@@ -104,9 +141,10 @@ class Runtime:
             await publisher.flush(timeout=5.0)
         if hub is not None:
             await hub.aclose()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        for pool in (self._pool, self._snapshots):
+            if pool is not None:
+                await pool.close()
+        self._pool = self._snapshots = None
         client, self._redis = self._redis, None
         if client is not None:
             await client.aclose()

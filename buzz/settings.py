@@ -141,6 +141,8 @@ BUZZ_DB_POOL = {
     "min_size": env.int("BUZZ_DB_POOL_MIN", default=2),
     "max_size": env.int("BUZZ_DB_POOL_MAX", default=10),
     "timeout": env.float("BUZZ_DB_POOL_TIMEOUT", default=10.0),
+    # Separate connections for long read-only snapshots (NIP-AR sync): they never starve the write path.
+    "snapshot_max_size": env.int("BUZZ_SNAPSHOT_POOL_MAX", default=4),
 }
 
 # Write quota per pubkey (token bucket shared by all nodes through Redis). per_second 0 disables it.
@@ -153,3 +155,16 @@ BUZZ_REDIS_PREFIX: str = env.str("BUZZ_REDIS_PREFIX", default="buzz:")
 
 # NIP-AR queries: every /query and /count runs inside this statement budget; past it, HTTP 503.
 BUZZ_QUERY_BUDGET_MS: int = env.int("BUZZ_QUERY_BUDGET_MS", default=5000)
+
+# NIP-AR sync (REQ {"artifact": "current", "#h": [...]}).
+BUZZ_SYNC = {
+    # Advertise sync in NIP-11 (artifacts.sync, websocket_query_extensions). Turn it off only while some node
+    # serving this community does not run sync: a relay advertises only what every backend runs.
+    "enabled": env.bool("BUZZ_SYNC_ENABLED", default=True),
+    # The largest set a sync serves, and the bound of its held list (advertised as max_events).
+    "max_events": env.int("BUZZ_SYNC_MAX_EVENTS", default=4096),
+    # How long the initial snapshot may stay open (not advertised); past it, CLOSED "error: ...".
+    "snapshot_budget_ms": env.int("BUZZ_SYNC_SNAPSHOT_BUDGET_MS", default=10000),
+    # Bytes of the initial set a sync may buffer between the snapshot and the connection's send queue.
+    "buffer_bytes": env.int("BUZZ_SYNC_BUFFER_BYTES", default=8 * 1024 * 1024),
+}

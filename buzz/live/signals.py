@@ -29,6 +29,10 @@ EVENT: Final = "event"
 # Read access to the channel may have changed; subscribers re-check: {"t": "access", "channel", "why"}.
 ACCESS: Final = "access"
 
+# Something a channel's subscribers may hold left its current state without a new event (a moderation
+# redaction retiring an artifact's head): {"t": "retired", "channel", "d"}. Syncs holding it resync.
+RETIRED: Final = "retired"
+
 # Why an access signal was sent (the `why` field).
 WHY_CREATED: Final = "created"
 WHY_MEMBERSHIP: Final = "membership"
@@ -46,6 +50,10 @@ def event_message(event: Event) -> dict[str, Any]:
 
 def access_message(channel: uuid.UUID, why: str) -> dict[str, Any]:
     return {"t": ACCESS, "channel": str(channel), "why": why}
+
+
+def retired_message(channel: uuid.UUID, d: str) -> dict[str, Any]:
+    return {"t": RETIRED, "channel": str(channel), "d": d}
 
 
 def channel_topic(community_id: int, channel: uuid.UUID | str) -> str:

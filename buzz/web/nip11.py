@@ -15,7 +15,8 @@ from buzz.limits import limits
 SUPPORTED_NIPS = [1, 10, 11, 29, 42, 45, 98]
 
 
-Section = Callable[[CommunityInfo], dict[str, Any]]
+# A section returns its value, or None to leave its key out (a capability this relay doesn't run now).
+Section = Callable[[CommunityInfo], Any]
 _sections: dict[str, Section] = {}
 
 
@@ -42,5 +43,5 @@ def relay_document(community: CommunityInfo) -> dict[str, Any]:
         "version": settings.BUZZ_VERSION,
         "limitation": {**limits().nip11(), **_quota()},
         "accepted_kinds": accepted_kinds(),
-        **{name: section(community) for name, section in sorted(_sections.items())},
+        **{name: value for name, section in sorted(_sections.items()) if (value := section(community)) is not None},
     }

@@ -1,0 +1,137 @@
+"""Current-head reads for live sync (NIP-AR sync rules 3 and 4), shared by every sync of a process.
+
+A change signal names one d; every sync that holds or might gain that d must read its
+current head. Read one by one, a change seen by a thousand syncs would be a thousand
+queries. The reader batches instead: a request joins the next batch, and a batch
+starts only after every request in it was made, so each request is answered by a
+read that began after the change that caused it (which is what rule 4 needs: never
+a head older than one the sync sent). Reads go to the writer database (the main
+pool), never to a replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from artifacts.envelope import AUTH_TAG
+from buzz.runtime import runtime
+
+log = logging.getLogger(__name__)
+
+# d values per query; a larger batch is split.
+BATCH_MAX = 500
+
+_HEADS = """
+SELECT a.d, a.home, a.deleted, a.retired, r.id, r.seq, r.raw
+FROM artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id
+WHERE a.community_id = %s AND a.d = ANY(%s::uuid[])
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The current head of one artifact, as the writer has it now."""
+
+    d: str
+    home: uuid.UUID
+    deleted: bool
+    retired: bool
+    event_id: str
+    seq: int
+    raw: str
+    # (tag name, first value) pairs of the head, as artifacts.envelope.match_tags gives them.
+    tags: tuple[tuple[str, str], ...]
+
+
+def _match_tags(raw_tags: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for tag in raw_tags:
+        if len(tag) < 2 or tag[0] == AUTH_TAG:
+            continue
+        key = (str(tag[0]), str(tag[1]))
+        if key not in seen:
+            seen.add(key)
+            out.append(key)
+    return tuple(out)
+
+
+def head_of(row: tuple[Any, ...]) -> Head:
+    d, home, deleted, retired, event_id, seq, raw = row
+    return Head(
+        d=str(d),
+        home=home,
+        deleted=bool(deleted),
+        retired=bool(retired),
+        event_id=event_id,
+        seq=int(seq),
+        raw=raw,
+        tags=_match_tags(json.loads(raw)["tags"]),
+    )
+
+
+class HeadReader:
+    """One per process and event loop. `read` returns the head of (community, d), or None if no such d."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[int, str], list[asyncio.Future[Head | None]]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def read(self, community_id: int, d: str) -> Head | None:
+        """Raises when the read failed (the caller resyncs: rule 5)."""
+        fut: asyncio.Future[Head | None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault((community_id, d), []).append(fut)
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="artifact-head-reader")
+        return await fut
+
+    async def _run(self) -> None:
+        while True:
+            if not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Everything asked for so far goes into this batch; what is asked from now on waits for the next.
+            batch, self._waiting = self._waiting, {}
+            by_community: dict[int, list[str]] = {}
+            for community_id, d in batch:
+                by_community.setdefault(community_id, []).append(d)
+            for community_id, ds in by_community.items():
+                for start in range(0, len(ds), BATCH_MAX):
+                    chunk = ds[start : start + BATCH_MAX]
+                    try:
+                        heads = await self._query(community_id, chunk)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        log.warning("head read failed: %s", exc)
+                        for d in chunk:
+                            for fut in batch[(community_id, d)]:
+                                if not fut.done():
+                                    fut.set_exception(exc)
+                        continue
+                    for d in chunk:
+                        head = heads.get(d)
+                        for fut in batch[(community_id, d)]:
+                            if not fut.done():
+                                fut.set_result(head)
+
+    @staticmethod
+    async def _query(community_id: int, ds: list[str]) -> dict[str, Head]:
+        pool = await runtime.pool()
+        async with pool.connection() as conn:
+            rows = await (await conn.execute(_HEADS, (community_id, ds))).fetchall()
+        return {str(row[0]): head_of(row) for row in rows}
+
+
+def head_reader() -> HeadReader:
+    """The process's reader (one per event loop, owned by buzz.runtime)."""
+    return runtime.shared("artifacts.heads", HeadReader)

@@ -1,0 +1,432 @@
+"""NIP-AR sync: `["REQ", sub, {"artifact": "current", "#h": [...], ...}]` (spec section "Sync").
+
+The artifacts app registers this as the REQ mode "artifact" (buzz.ws.modes), so the
+core never imports it. One `SyncSubscription` per sync holds all of its state:
+
+1. Scope. The filter is the current view's (artifacts.query.parse_sync_filter) and
+   the channels come from the one `reader_scope()`: the sync's set is what the
+   `current` view returns to this reader for the same filter.
+2. Rule 1, live before stored. The hub subscription on every #h channel is
+   confirmed by Redis, on a connection that is up, before the snapshot opens.
+   Change signals that arrive during the read are held by d, bounded by max_events.
+3. Rule 2, one cut. One REPEATABLE READ READ ONLY transaction on a connection of
+   the snapshot pool, keyset pages ordered by d, under a time budget the relay
+   enforces itself. Pages go into a bounded buffer, so the snapshot can close
+   before a slow reader has received them. Then EOSE; never EOSE after a failure.
+4. Rules 3 and 4, live heads. After EOSE one worker per sync takes the changed d
+   one at a time, reads its current head from the writer (artifacts.heads, shared
+   by the process's syncs), decides with the before/after rule, queues the result,
+   and only then starts the next read. The published event itself is never sent.
+5. Rules 5, 6 and 9. Any loss the node can see (hub drop, fan-out overflow, an
+   undecodable signal, a failed head or access read, a full send queue), a
+   retirement, and any access change on a named channel end the sync with
+   CLOSED "resync: ...". If even that can't be queued, the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import uuid
+from typing import Any
+
+import psycopg.errors
+from django.conf import settings
+
+from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
+from artifacts.heads import Head, head_reader
+from artifacts.query import ArtifactQuery, QueryError, matches, parse_sync_filter
+from artifacts.selectors import current_where
+from buzz.access.policy import NOT_A_MEMBER, Denied, check_read, reader_scope
+from buzz.identity.actor import Actor
+from buzz.live import signals
+from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
+from buzz.live.hub import Subscription as LiveSubscription
+from buzz.runtime import runtime
+from buzz.ws.host import Subscription, SubscriptionHost
+from buzz.ws.outbound import QueueFull
+
+log = logging.getLogger(__name__)
+
+MODE_KEY = "artifact"
+PAGE_ROWS = 256
+LIVE_WAIT = 5.0  # seconds a new sync waits for a healthy hub (rule 1) before CLOSED "error: ..."
+SNAPSHOT_CONNECTION_WAIT = 5.0  # seconds a sync waits for a snapshot connection
+SEND_TIMEOUT = 10.0  # seconds the initial set may wait for room in the connection's send queue
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def sync_settings() -> dict[str, Any]:
+    value: dict[str, Any] = settings.BUZZ_SYNC
+    return value
+
+
+class _Overflow(Exception):
+    pass
+
+
+class _ByteBuffer:
+    """The bounded buffer between the snapshot and the send queue (rule 2), bounded in bytes and count."""
+
+    def __init__(self, max_bytes: int, max_items: int) -> None:
+        self._items: collections.deque[str | None] = collections.deque()
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._max_items = max_items
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def put(self, text: str) -> None:
+        size = len(text)
+        while self._items and (self._bytes + size > self._max_bytes or len(self._items) >= self._max_items):
+            self._room.clear()
+            await self._room.wait()
+        self._items.append(text)
+        self._bytes += size
+        self._ready.set()
+
+    def finish(self) -> None:
+        self._items.append(None)
+        self._ready.set()
+
+    async def get(self) -> str | None:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        text = self._items.popleft()
+        if text is not None:
+            self._bytes -= len(text)
+        self._room.set()
+        return text
+
+
+class SyncSubscription:
+    """One sync: its filter, scope, held and sent d, and the tasks that serve it."""
+
+    def __init__(self, host: SubscriptionHost, sub_id: str, query: ArtifactQuery, named: list[uuid.UUID]) -> None:
+        conf = sync_settings()
+        self.host = host
+        self.sub_id = sub_id
+        self.query = query
+        self._named = named
+        self._channels: frozenset[uuid.UUID] = frozenset()
+        self._channel_strs: frozenset[str] = frozenset()
+        self._max_events: int = conf["max_events"]
+        self._budget = conf["snapshot_budget_ms"] / 1000.0
+        self._buffer_bytes: int = conf["buffer_bytes"]
+        self._prefix = f'["EVENT",{_dumps(sub_id)},'
+        self._live: LiveSubscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        # d of the client's copy as this sync sent it: "before" of rule 3.
+        self._holds: set[str] = set()
+        # d -> seq of the last head sent for it, kept after it leaves the set: never older (rule 4).
+        self._last: dict[str, int] = {}
+        # Changed d not read yet, in arrival order (held before EOSE, live after).
+        self._pending: dict[str, None] = {}
+        self._wake = asyncio.Event()
+        self.ended = False
+
+    # --- lifecycle (buzz.ws.host.Subscription) --------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sync:{self.sub_id}")
+
+    async def close(self) -> None:
+        """CLOSE, a replacing REQ or a disconnect: the snapshot and every read end now (rule 8)."""
+        self.ended = True
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        live, self._live = self._live, None
+        if live is not None:
+            await live.close()
+
+    def end(self, reason: str) -> None:
+        """The relay ends the sync with CLOSED `reason`; nothing is sent for it afterwards."""
+        if self.ended:
+            return
+        self.ended = True
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        self.host.subscription_ended(self, reason)
+
+    def resync(self, why: str) -> None:
+        self.end(f"resync: {why}; start a new sync")
+
+    def _actor(self) -> Actor:
+        actor = self.host.actor
+        if actor is None:
+            raise RuntimeError("a sync without an authenticated actor")
+        return actor
+
+    # --- the sync ---------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            if not await self._scope():
+                return
+            if not await self._subscribe():
+                return
+            if not await self._initial_set():
+                return
+            await self._serve_changes()
+        except asyncio.CancelledError:
+            raise
+        except QueueFull:
+            # The send queue is full: a resync could not be queued either (rule 5).
+            self.host.abort()
+        except Exception:
+            log.exception("sync %s failed", self.sub_id)
+            self.end("error: the sync failed; start a new sync")
+
+    async def _scope(self) -> bool:
+        actor = self.host.actor
+        if actor is None:
+            self.end("auth-required: authenticate with NIP-42 AUTH first")
+            return False
+        try:
+            channels = await reader_scope(actor, named=self._named)
+        except Denied as err:
+            self.end(err.reason)
+            return False
+        except Exception:
+            log.exception("sync access check failed")
+            self.end("error: could not check channel access; try again")
+            return False
+        self._channels = frozenset(channels)
+        self._channel_strs = frozenset(str(c) for c in channels)
+        return True
+
+    async def _subscribe(self) -> bool:
+        """Rule 1: live interest is confirmed by Redis, on a connection that is up, before the snapshot."""
+        community = self.host.community.id
+        topics = [topic_for_channel(community, c) for c in sorted(self._channel_strs)]
+        try:
+            self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
+        except HubUnavailable:
+            self.end("error: live delivery is unavailable right now; try again")
+            return False
+        return not self.ended
+
+    async def _initial_set(self) -> bool:
+        """Rule 2: the whole set from one snapshot, streamed through a bounded buffer, then EOSE."""
+        buffer = _ByteBuffer(self._buffer_bytes, self._max_events + 1)
+        drain = asyncio.get_running_loop().create_task(self._drain(buffer), name=f"sync-drain:{self.sub_id}")
+        try:
+            try:
+                async with asyncio.timeout(self._budget):
+                    await self._snapshot(buffer)
+            except TimeoutError:
+                self.end("error: the initial set did not finish within the relay's time budget; start a new sync")
+                return False
+            except _Overflow:
+                self.end(
+                    f"error: more than {self._max_events} artifacts match this sync (max_events); narrow the filter"
+                )
+                return False
+            except psycopg.errors.QueryCanceled:
+                self.end("error: the initial set did not finish within the relay's time budget; start a new sync")
+                return False
+            except (psycopg.Error, OSError):
+                log.exception("sync snapshot failed")
+                self.end("error: the initial read failed; start a new sync")
+                return False
+            buffer.finish()
+            await drain
+        finally:
+            if not drain.done():
+                drain.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await drain
+        if self.ended:
+            return False
+        await self.host.outbound.put(_dumps(["EOSE", self.sub_id]), timeout=SEND_TIMEOUT)
+        return not self.ended
+
+    async def _snapshot(self, buffer: _ByteBuffer) -> None:
+        actor = self._actor()
+        where, args = current_where(actor, self.query, sorted(self._channels))
+        sql = (
+            "SELECT a.d, r.seq, r.raw FROM artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id"  # noqa: S608
+            f" WHERE {where} AND a.d > %s ORDER BY a.d LIMIT %s"
+        )
+        pool = await runtime.snapshot_pool()
+        count = 0
+        budget_ms = max(1, int(self._budget * 1000))
+        async with pool.connection(timeout=SNAPSHOT_CONNECTION_WAIT) as conn, conn.transaction():
+            # One snapshot for every page (REPEATABLE READ), opened after the REQ and after rule 1.
+            await conn.execute(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;"
+                f" SET LOCAL statement_timeout = {budget_ms};"
+                " SET LOCAL plan_cache_mode = force_custom_plan"
+            )
+            after = uuid.UUID(int=0)
+            while True:
+                rows = await (await conn.execute(sql, [*args, after, PAGE_ROWS])).fetchall()
+                for d, seq, raw in rows:
+                    count += 1
+                    if count > self._max_events:
+                        raise _Overflow
+                    self._holds.add(str(d))
+                    self._last[str(d)] = int(seq)
+                    await buffer.put(self._prefix + raw + "]")
+                if len(rows) < PAGE_ROWS:
+                    return
+                after = rows[-1][0]
+
+    async def _drain(self, buffer: _ByteBuffer) -> None:
+        try:
+            while (text := await buffer.get()) is not None:
+                await self.host.outbound.put(text, timeout=SEND_TIMEOUT)
+        except QueueFull:
+            # The client stopped reading: no CLOSED could be queued either, so the connection ends (rule 5).
+            self.ended = True
+            self.host.abort()
+
+    async def _serve_changes(self) -> None:
+        """Rules 3 and 4: one head read at a time, each started after the previous result is queued."""
+        community = self.host.community.id
+        reader = head_reader()
+        while not self.ended:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            d = next(iter(self._pending))
+            del self._pending[d]
+            try:
+                head = await reader.read(community, d)
+                text = await self._render(d, head)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("sync %s: head read for %s failed: %s", self.sub_id, d, exc)
+                self.resync("a change could not be read")
+                return
+            if text is not None and not self.ended:
+                try:
+                    self.host.outbound.try_put(text)
+                except QueueFull:
+                    # One drop is enough (rule 5); the CLOSED itself may not fit, then the connection closes.
+                    self.resync("the connection's send queue is full")
+                    return
+
+    async def _render(self, d: str, head: Head | None) -> str | None:
+        """What this sync sends for a changed d: its head, a 45011 removal, or nothing (rules 3 and 4)."""
+        if head is None:
+            return None
+        if head.retired:
+            # Rule 6: a redacted head is withheld, so only a new sync can tell the client it left the set.
+            if d in self._holds:
+                self.resync("an artifact of this sync was retired by moderation")
+            return None
+        last = self._last.get(d)
+        if last is not None and head.seq <= last:
+            return None  # the head this sync sent already, or (never) an older one: rule 4
+        after = head.home in self._channels and not head.deleted and matches(self.query, head.tags)
+        if after:
+            self._holds.add(d)
+            self._last[d] = head.seq
+            return self._prefix + head.raw + "]"
+        if d not in self._holds:
+            return None  # in scope neither before nor after: nothing, ever
+        self._holds.discard(d)
+        self._last[d] = head.seq
+        if head.home in self._channels or await self._can_read(head.home):
+            # A deletion, a head that no longer matches, or a move to a channel the reader can read.
+            return self._prefix + head.raw + "]"
+        removal = await self._removal(head)
+        return self._prefix + removal + "]" if removal is not None else None
+
+    async def _can_read(self, channel: uuid.UUID) -> bool:
+        return (await check_read(self._actor(), channel)).ok
+
+    async def _removal(self, head: Head) -> str | None:
+        """The 45011 stored in a channel of this sync when the artifact moved where the reader can't read."""
+        pool = await runtime.pool()
+        async with pool.connection() as conn:
+            row = await (
+                await conn.execute(
+                    "SELECT m.raw FROM artifacts_moveremoval m JOIN artifacts_artifact a ON a.id = m.artifact_id"
+                    " WHERE a.community_id = %s AND a.d = %s AND m.source = ANY(%s) ORDER BY m.seq DESC LIMIT 1",
+                    (self.host.community.id, uuid.UUID(head.d), sorted(self._channels)),
+                )
+            ).fetchone()
+        return str(row[0]) if row else None
+
+    # --- hub callbacks (buzz.live.hub.Listener; never block) ----------------------------
+
+    def on_message(self, topic: str, message: dict[str, Any]) -> None:
+        if self.ended:
+            return
+        kind = message.get("t")
+        if kind == signals.EVENT:
+            event = message.get("event")
+            if not isinstance(event, dict):
+                self.resync("live delivery received an undecodable signal")
+                return
+            if event.get("kind") not in (KIND_ARTIFACT, KIND_REMOVAL):
+                return
+            d = _tag(event, "d")
+            if d is None:
+                self.resync("live delivery received an undecodable signal")
+                return
+            self._changed(d)
+        elif kind == signals.ACCESS:
+            if message.get("channel") in self._channel_strs:
+                # Rule 9: membership, visibility or deletion of a named channel; archive sends no access signal.
+                self.resync("access to a channel of this sync changed")
+        elif kind == signals.RETIRED and message.get("channel") in self._channel_strs:
+            self.resync("an artifact of this sync was retired by moderation")
+
+    def on_loss(self, reason: LossReason, detail: str) -> None:
+        self._live = None
+        self.resync(f"live delivery was interrupted ({reason.value})")
+
+    def _changed(self, d: str) -> None:
+        if d in self._pending:
+            return
+        if len(self._pending) >= self._max_events:
+            # Rule 1's bound on the held list (before EOSE), and lagging fan-out after it (rule 5).
+            self.resync(f"more than {self._max_events} artifacts changed before they could be sent")
+            return
+        self._pending[d] = None
+        self._wake.set()
+
+
+def _tag(event: dict[str, Any], name: str) -> str | None:
+    tags = event.get("tags")
+    if not isinstance(tags, list):
+        return None
+    for tag in tags:
+        if isinstance(tag, list) and len(tag) >= 2 and tag[0] == name and isinstance(tag[1], str):
+            return tag[1]
+    return None
+
+
+async def open_sync(host: SubscriptionHost, sub_id: str, filters: tuple[dict[str, Any], ...]) -> Subscription | None:
+    """The REQ-mode factory: validate the filter, or answer CLOSED and return None."""
+    if len(filters) != 1:
+        host.reply(["CLOSED", sub_id, "invalid: a sync takes exactly one filter"])
+        return None
+    try:
+        query = parse_sync_filter(filters[0])
+    except QueryError as err:
+        host.reply(["CLOSED", sub_id, err.reason])
+        return None
+    named = query.channels() or []
+    if len(named) != len(query.values("h") or ()):
+        # A value that is no channel id names no channel: the answer for a missing one.
+        host.reply(["CLOSED", sub_id, NOT_A_MEMBER])
+        return None
+    return SyncSubscription(host, sub_id, query, named)

@@ -1,0 +1,159 @@
+"""Helpers for the NIP-AR sync tests: a small world of channels and members, revisions, and a sync
+client that keeps the set the way the spec's client does (rule 7: replace at EOSE, then apply live).
+Not a test module."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from buzz.chat import channels
+from buzz.identity.communities import community_create, member_add
+from buzz.models import Community
+from buzz.nostr import Signer
+from tests.support.wsclient import RelayClient
+
+RELAY_ENV = {"BUZZ_WRITES_PER_SECOND": "0"}
+
+
+@dataclass
+class World:
+    host: str
+    community: Community
+    owner: Signer  # owner of every channel
+    reader: Signer  # member of `a` and `b`, not of `private`
+    a: uuid.UUID
+    b: uuid.UUID
+    private: uuid.UUID  # the owner's only
+
+
+def make_world(host: str) -> World:
+    community = community_create(host=host, name=host)
+    owner, reader = Signer.generate(), Signer.generate()
+    for s in (owner, reader):
+        member_add(community=community, pubkey=s.pubkey)
+    a, b, private = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for cid in (a, b, private):
+        channels.channel_create(
+            community=community, channel_uuid=cid, name=str(cid)[:8], creator=owner.pubkey, visibility="private"
+        )
+    for cid in (a, b):
+        channels.member_put(community=community, channel_uuid=cid, actor=None, pubkey=reader.pubkey)
+    return World(host, community, owner, reader, a, b, private)
+
+
+def revision(
+    signer: Signer,
+    d: uuid.UUID | str,
+    h: uuid.UUID | str,
+    op: str,
+    *,
+    prev: str | None = None,
+    type_: str = "buzz.task",
+    tags: list[list[str]] | None = None,
+    content: str | None = None,
+) -> dict[str, Any]:
+    envelope = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", type_], ["op", op]]
+    if op != "delete":
+        envelope.append(["title", f"task {str(d)[:8]}"])
+    if prev is not None:
+        envelope.append(["prev", prev])
+    body = "" if op == "delete" else (content if content is not None else json.dumps({"n": secrets.token_hex(4)}))
+    extra = [] if op == "delete" else list(tags or [])
+    return signer.sign_event(kind=45010, tags=envelope + extra, content=body, created_at=int(time.time())).to_dict()
+
+
+async def write(client: RelayClient, event: dict[str, Any]) -> None:
+    await client.send_json(["EVENT", event])
+    ok = await client.expect("OK", 15.0, where=lambda m: m[1] == event["id"])
+    assert ok[2] is True, ok
+
+
+def set_digest(heads: dict[str, str]) -> str:
+    """nip-ar-set-v1 over {d: head id}."""
+    h = hashlib.sha256(b"nip-ar-set-v1\x00")
+    for d in sorted(heads):
+        h.update(f"{d}:{heads[d]}\n".encode())
+    return h.hexdigest()
+
+
+def _first(event: dict[str, Any], name: str) -> str | None:
+    for tag in event["tags"]:
+        if len(tag) >= 2 and tag[0] == name:
+            return str(tag[1])
+    return None
+
+
+def matches(flt: dict[str, Any], event: dict[str, Any]) -> bool:
+    """The spec's match rule on a head: every #name has a tag whose FIRST value is one of the values."""
+    for key, values in flt.items():
+        if not key.startswith("#"):
+            continue
+        name = key[1:]
+        if not any(len(t) >= 2 and t[0] == name and t[1] in values for t in event["tags"]):
+            return False
+    return True
+
+
+@dataclass
+class SyncState:
+    """What a spec-following client holds: the set committed at EOSE, then live entries applied."""
+
+    flt: dict[str, Any]
+    heads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    before_eose: list[dict[str, Any]] = field(default_factory=list)
+    eose: bool = False
+    closed: str | None = None
+    live: list[dict[str, Any]] = field(default_factory=list)
+
+    def apply(self, event: dict[str, Any]) -> None:
+        d = _first(event, "d")
+        assert d is not None
+        if event["kind"] == 45011 or _first(event, "op") == "delete" or not matches(self.flt, event):
+            self.heads.pop(d, None)
+        else:
+            self.heads[d] = event
+
+    def digest(self) -> str:
+        return set_digest({d: e["id"] for d, e in self.heads.items()})
+
+
+async def open_sync(client: RelayClient, sub: str, flt: dict[str, Any], timeout: float = 15.0) -> SyncState:
+    """REQ, then read until EOSE (set committed) or CLOSED."""
+    state = SyncState(flt)
+    await client.send_json(["REQ", sub, flt])
+    while True:
+        m = await client.recv_json(timeout)
+        if not isinstance(m, list) or len(m) < 2 or m[1] != sub:
+            continue
+        if m[0] == "EVENT":
+            state.before_eose.append(m[2])
+        elif m[0] == "EOSE":
+            state.eose = True
+            for event in state.before_eose:
+                state.apply(event)
+            return state
+        elif m[0] == "CLOSED":
+            state.closed = m[2]
+            return state
+
+
+async def follow(client: RelayClient, sub: str, state: SyncState, until: Any, timeout: float = 15.0) -> None:
+    """Apply live entries until `until(state)` holds or the sync is CLOSED."""
+    while not until(state):
+        m = await client.recv_json(timeout)
+        if not isinstance(m, list) or len(m) < 2 or m[1] != sub:
+            continue
+        if m[0] == "EVENT":
+            state.live.append(m[2])
+            state.apply(m[2])
+        elif m[0] == "CLOSED":
+            state.closed = m[2]
+            return
+        elif m[0] == "EOSE":
+            raise AssertionError(f"a second EOSE for {sub}")
