@@ -52,7 +52,6 @@ from buzz.ws.outbound import QueueFull
 log = logging.getLogger(__name__)
 
 MODE_KEY = "artifact"
-PAGE_ROWS = 256
 LIVE_WAIT = 5.0  # seconds a new sync waits for a healthy hub (rule 1) before CLOSED "error: ..."
 SNAPSHOT_CONNECTION_WAIT = 5.0  # seconds a sync waits for a snapshot connection
 SEND_TIMEOUT = 10.0  # seconds the initial set may wait for room in the connection's send queue
@@ -121,6 +120,7 @@ class SyncSubscription:
         self._max_events: int = conf["max_events"]
         self._budget = conf["snapshot_budget_ms"] / 1000.0
         self._buffer_bytes: int = conf["buffer_bytes"]
+        self._page_rows: int = conf["page_rows"]
         self._prefix = f'["EVENT",{_dumps(sub_id)},'
         self._live: LiveSubscription | None = None
         self._task: asyncio.Task[None] | None = None
@@ -272,7 +272,7 @@ class SyncSubscription:
             )
             after = uuid.UUID(int=0)
             while True:
-                rows = await (await conn.execute(sql, [*args, after, PAGE_ROWS])).fetchall()
+                rows = await (await conn.execute(sql, [*args, after, self._page_rows])).fetchall()
                 for d, seq, raw in rows:
                     count += 1
                     if count > self._max_events:
@@ -280,7 +280,7 @@ class SyncSubscription:
                     self._holds.add(str(d))
                     self._last[str(d)] = int(seq)
                     await buffer.put(self._prefix + raw + "]")
-                if len(rows) < PAGE_ROWS:
+                if len(rows) < self._page_rows:
                     return
                 after = rows[-1][0]
 
