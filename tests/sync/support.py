@@ -4,13 +4,19 @@ Not a test module."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
+import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
+
+from websockets.asyncio.client import connect
 
 from buzz.chat import channels
 from buzz.identity.communities import community_create, member_add
@@ -157,3 +163,16 @@ async def follow(client: RelayClient, sub: str, state: SyncState, until: Any, ti
             return
         elif m[0] == "EOSE":
             raise AssertionError(f"a second EOSE for {sub}")
+
+
+@contextlib.asynccontextmanager
+async def small_window_client(ws_url: str, host: str) -> AsyncIterator[RelayClient]:
+    """A client whose socket has a 16 KiB receive buffer (no autotuning) and that queues at most one frame:
+    when it stops reading, the relay's send queue fills after a few frames (a slow reader)."""
+    target = urlsplit(ws_url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    sock.connect((target.hostname or "127.0.0.1", target.port or 80))
+    uri = target._replace(netloc=host).geturl()
+    async with connect(uri, sock=sock, compression=None, max_size=64 * 1024 * 1024, max_queue=1, proxy=None) as ws:
+        yield RelayClient(ws, relay_url=uri)
