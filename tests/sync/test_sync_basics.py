@@ -189,3 +189,65 @@ async def _nip11(relay: Any) -> tuple[int, Any]:
         return resp.status, json.loads(resp.read())
 
     return await asyncio.to_thread(get)
+
+
+async def test_restore_deletion_and_channel_deletion_after_eose(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    async with RelayClient.connect(relay.ws_url, host=HOST) as w, RelayClient.connect(relay.ws_url, host=HOST) as r:
+        assert (await w.auth(world.owner))[2] is True
+        assert (await r.auth(world.reader))[2] is True
+        d = uuid.uuid4()
+        created = revision(world.owner, d, world.b, "create")
+        await write(w, created)
+        deleted = revision(world.owner, d, world.b, "delete", prev=created["id"])
+        await write(w, deleted)
+        state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a), str(world.b)]})
+        assert str(d) not in state.heads  # a deleted artifact is not in the set
+        restored = revision(world.owner, d, world.b, "restore", prev=deleted["id"])
+        await write(w, restored)
+        await follow(r, "s", state, lambda s: s.heads.get(str(d), {}).get("id") == restored["id"])
+        # Deleting a named channel: its artifacts leave every current-state result, and the sync resyncs.
+        await sync_to_async(channels.channel_delete)(community=world.community, channel_uuid=world.b, actor=None)
+        await follow(r, "s", state, lambda s: False)
+        assert state.closed is not None and state.closed.startswith("resync:"), state.closed
+        again = await open_sync(r, "again", {"artifact": "current", "#h": [str(world.a), str(world.b)]})
+        assert again.closed == NOT_A_MEMBER
+
+
+async def test_a_forced_retirement_resyncs_the_syncs_that_hold_it(world: World, relay_factory: Any) -> None:
+    """Rule 6, with the retirement forced by hand (moderation's redaction produces it in production): the head
+    row is marked retired and the retirement signal goes to the channel, as the redaction service does."""
+    relay = relay_factory(**RELAY_ENV)
+    async with RelayClient.connect(relay.ws_url, host=HOST) as w, RelayClient.connect(relay.ws_url, host=HOST) as r:
+        assert (await w.auth(world.owner))[2] is True
+        assert (await r.auth(world.reader))[2] is True
+        d = uuid.uuid4()
+        created = revision(world.owner, d, world.a, "create")
+        await write(w, created)
+        holds = await open_sync(r, "holds", {"artifact": "current", "#h": [str(world.a)]})
+        other = await open_sync(r, "other", {"artifact": "current", "#h": [str(world.b)]})
+        assert str(d) in holds.heads and other.eose
+        await sync_to_async(_retire)(world, d)
+        await follow(r, "holds", holds, lambda s: False)
+        assert holds.closed is not None and holds.closed.startswith("resync:"), holds.closed
+        # A sync of another channel is not affected; a new sync of the first no longer has the artifact.
+        marker = revision(world.owner, uuid.uuid4(), world.b, "create")
+        await write(w, marker)
+        await follow(r, "other", other, lambda s: marker["id"] in {e["id"] for e in s.heads.values()})
+        assert other.closed is None
+        again = await open_sync(r, "again", {"artifact": "current", "#h": [str(world.a)]})
+        assert str(d) not in again.heads
+
+
+def _retire(world: World, d: uuid.UUID) -> None:
+    from django.db import transaction
+    from django.utils import timezone
+
+    from artifacts.models import Artifact, Revision
+    from buzz.live import signals
+
+    with transaction.atomic():
+        artifact = Artifact.objects.get(community=world.community, d=d)
+        Revision.objects.filter(pk=artifact.head_id).update(redacted_at=timezone.now())
+        Artifact.objects.filter(pk=artifact.pk).update(retired=True)
+        signals.publish_on_commit(world.community.pk, artifact.home, signals.retired_message(artifact.home, str(d)))
