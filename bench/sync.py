@@ -1,0 +1,395 @@
+"""Benchmark: NIP-AR sync (REQ {"artifact": "current", "#h": [...]}), each figure beside a same-run baseline.
+
+1. Time to EOSE for --artifacts (default 4096) artifacts in one channel, beside a bare keyset read of the
+   same rows (one REPEATABLE READ READ ONLY transaction, pages of 256 ordered by d, psycopg) plus JSON
+   encoding of each as an EVENT frame, in the same run, --rounds times interleaved; medians and the ratio
+   (target <= 1.5).
+2. Write-to-head delivery with --syncs (default 1000) open syncs over two relay nodes (32 per connection):
+   a writer on node A sends --writes paced revisions of artifacts in the synced channel; every sync on both
+   nodes receives each head. Latency from the write's send to each head's arrival: p50/p99, beside a bare
+   Redis PUBLISH -> SUBSCRIBE round trip in the same run (target <= 10x).
+3. Memory per idle sync: node A's RSS before and after opening --syncs idle syncs (32 per connection),
+   divided by the syncs (target <= 64 KiB), with the cost per connection reported apart.
+4. Write throughput (8 closed-loop writers, revisions in a channel no sync watches) with --syncs idle syncs
+   open vs none, --rounds interleaved rounds, medians (target: no more than a 10% drop).
+
+    python bench/sync.py [--artifacts 4096] [--syncs 1000] [--writes 200] [--rounds 3] [--seconds 8]
+                         [--json out.json] [--only eose,delivery,memory,throughput]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+from common import BenchError, Op, Server
+
+SUBS_PER_CONNECTION = 32
+PARTS = ("eose", "delivery", "memory", "throughput")
+
+
+def _signer() -> Any:
+    from buzz.nostr import Signer
+
+    return Signer.generate()
+
+
+def revision(signer: Any, d: str, h: str, op: str, prev: str | None = None, content: str = "") -> dict[str, Any]:
+    tags = [["ar", "1"], ["d", d], ["h", h], ["type", "bench.task"], ["title", f"task {d[:8]}"], ["op", op]]
+    if prev:
+        tags.append(["prev", prev])
+    tags.append(["status", "open"])
+    body = content or json.dumps({"n": time.monotonic_ns()})
+    return dict(signer.sign_event(kind=45010, tags=tags, content=body).to_dict())
+
+
+def channel_setup(env: dict[str, str], host: str, owner: str, members: list[str]) -> dict[str, str]:
+    """Channels big, live, idle and tput, private, owned by `owner`, with every member added."""
+    ids = {name: str(uuid.uuid4()) for name in ("big", "live", "idle", "tput")}
+    for name, cid in ids.items():
+        common.checked(
+            common.manage(
+                env,
+                "channel",
+                "create",
+                "--host",
+                host,
+                "--name",
+                name,
+                "--owner",
+                owner,
+                "--id",
+                cid,
+                "--visibility",
+                "private",
+            ),
+            f"manage.py channel create {name}",
+        )
+        for pk in members:
+            common.checked(common.manage(env, "channel", "add-member", "--host", host, cid, pk), "add-member")
+    return ids
+
+
+@contextlib.asynccontextmanager
+async def connected(server: Server, signer: Any) -> AsyncIterator[Any]:
+    async with common.ws_connect(server, max_size=None, max_queue=None) as ws:
+        await common.authenticate(ws, signer, server.public_url)
+        yield ws
+
+
+async def send_ok(ws: Any, event: dict[str, Any]) -> None:
+    await ws.send(json.dumps(["EVENT", event]))
+    while True:
+        m = json.loads(await ws.recv())
+        if m[0] == "OK" and m[1] == event["id"]:
+            if m[2] is not True:
+                raise BenchError(f"write refused: {m}")
+            return
+
+
+async def load(server: Server, owner: Any, channel: str, n: int) -> None:
+    async def part(k: int) -> None:
+        async with connected(server, owner) as ws:
+            for _ in range(k):
+                await send_ok(ws, revision(owner, str(uuid.uuid4()), channel, "create", content="x" * 300))
+
+    workers = 8
+    await asyncio.gather(*(part(n // workers + (1 if i < n % workers else 0)) for i in range(workers)))
+
+
+async def time_to_eose(server: Server, reader: Any, channel: str) -> tuple[float, int]:
+    async with connected(server, reader) as ws:
+        began = time.perf_counter()
+        await ws.send(json.dumps(["REQ", "s", {"artifact": "current", "#h": [channel]}]))
+        n = 0
+        while True:
+            text = await ws.recv()
+            if text.startswith('["EVENT"'):
+                n += 1
+            elif text.startswith('["EOSE"'):
+                return time.perf_counter() - began, n
+            else:
+                raise BenchError(f"sync did not complete: {text[:200]}")
+
+
+def bare_keyset_read(database_url: str, community: int, channel: str) -> tuple[float, int]:
+    """The same rows, one snapshot, pages of 256 by d, each encoded as an EVENT frame."""
+    import psycopg
+
+    sql = (
+        "SELECT a.d, r.seq, r.raw FROM artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id"
+        " WHERE a.community_id = %s AND a.home = %s AND NOT a.deleted AND NOT a.retired AND a.d > %s"
+        " ORDER BY a.d LIMIT 256"
+    )
+    began = time.perf_counter()
+    n = 0
+    with psycopg.connect(database_url) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        after = uuid.UUID(int=0)
+        while True:
+            rows = conn.execute(sql, (community, uuid.UUID(channel), after)).fetchall()
+            for _, _, raw in rows:
+                json.dumps(["EVENT", "s", json.loads(raw)], ensure_ascii=False, separators=(",", ":"))
+                n += 1
+            if len(rows) < 256:
+                break
+            after = rows[-1][0]
+        conn.rollback()
+    return time.perf_counter() - began, n
+
+
+def community_id(env: dict[str, str], host: str) -> int:
+    out = common.checked(
+        common.manage(
+            env, "shell", "-c", f"from buzz.models import Community as C; print(C.objects.get(host={host!r}).pk)"
+        ),
+        "community id",
+    )
+    return int(out.strip().splitlines()[-1])
+
+
+async def open_syncs(
+    server: Server, reader: Any, channel: str, count: int, stack: contextlib.AsyncExitStack
+) -> list[Any]:
+    """`count` syncs of `channel`, SUBS_PER_CONNECTION per connection, all at EOSE."""
+    conns = []
+    left = count
+    while left > 0:
+        ws = await stack.enter_async_context(connected(server, reader))
+        k = min(SUBS_PER_CONNECTION, left)
+        for i in range(k):
+            await ws.send(json.dumps(["REQ", f"s{i}", {"artifact": "current", "#h": [channel]}]))
+        done = 0
+        while done < k:
+            text = await ws.recv()
+            if text.startswith('["EOSE"'):
+                done += 1
+            elif text.startswith('["CLOSED"'):
+                raise BenchError(f"sync refused: {text}")
+        conns.append(ws)
+        left -= k
+    return conns
+
+
+async def delivery(
+    a: Server, b: Server, owner: Any, reader: Any, channel: str, syncs: int, writes: int
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    sent: dict[str, float] = {}
+    expected = syncs * writes
+    async with contextlib.AsyncExitStack() as stack:
+        conns = await open_syncs(a, reader, channel, syncs // 2, stack)
+        conns += await open_syncs(b, reader, channel, syncs - syncs // 2, stack)
+        done = asyncio.Event()
+
+        async def listen(ws: Any) -> None:
+            while True:
+                text = await ws.recv()
+                now = time.perf_counter()
+                if text.startswith('["EVENT"'):
+                    # ["EVENT","sN",{"id":"<64 hex>"... : the id without decoding the whole frame.
+                    i = text.index('"id":"') + 6
+                    began = sent.get(text[i : i + 64])
+                    if began is not None:
+                        latencies.append(1000 * (now - began))
+                        if len(latencies) >= expected:
+                            done.set()
+                elif text.startswith('["CLOSED"'):
+                    raise BenchError(f"a sync was closed during the run: {text}")
+
+        listeners = [asyncio.create_task(listen(ws)) for ws in conns]
+        try:
+            async with connected(a, owner) as w:
+                d = str(uuid.uuid4())
+                prev = None
+                for _ in range(writes):
+                    ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
+                    sent[ev["id"]] = time.perf_counter()
+                    await send_ok(w, ev)
+                    prev = ev["id"]
+                    await asyncio.sleep(0.03)
+            try:
+                await asyncio.wait_for(done.wait(), 60)
+            except TimeoutError:
+                raise BenchError(f"only {len(latencies)} of {expected} heads arrived") from None
+        finally:
+            for t in listeners:
+                t.cancel()
+            await asyncio.gather(*listeners, return_exceptions=True)
+    latencies.sort()
+    return {
+        "samples": len(latencies),
+        "p50_ms": common.percentile(latencies, 50),
+        "p99_ms": common.percentile(latencies, 99),
+    }
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise BenchError("no VmRSS")
+
+
+async def memory(a: Server, reader: Any, channel: str, syncs: int) -> dict[str, Any]:
+    async with contextlib.AsyncExitStack() as stack:
+        # Connections alone first (authenticated, no subscription), to separate their cost.
+        conns = [await stack.enter_async_context(connected(a, reader)) for _ in range(-(-syncs // SUBS_PER_CONNECTION))]
+        await asyncio.sleep(1.0)
+        with_connections = rss(a.pid)
+        for ws in conns:
+            for i in range(SUBS_PER_CONNECTION):
+                await ws.send(json.dumps(["REQ", f"s{i}", {"artifact": "current", "#h": [channel]}]))
+        for ws in conns:
+            done = 0
+            while done < SUBS_PER_CONNECTION:
+                text = await ws.recv()
+                if text.startswith('["EOSE"'):
+                    done += 1
+        await asyncio.sleep(1.0)
+        with_syncs = rss(a.pid)
+        opened = len(conns) * SUBS_PER_CONNECTION
+    return {
+        "syncs": opened,
+        "connections": len(conns),
+        "per_sync_kib": (with_syncs - with_connections) / opened / 1024,
+    }
+
+
+def writer_op(server: Server, signer: Any, channel: str) -> Any:
+    @contextlib.asynccontextmanager
+    async def make(i: int) -> AsyncIterator[Op]:
+        async with connected(server, signer) as ws:
+            state: dict[str, Any] = {"d": str(uuid.uuid4()), "prev": None, "n": 0}
+
+            async def op() -> int:
+                if state["n"] % 4 == 0:
+                    state["d"], state["prev"] = str(uuid.uuid4()), None
+                ev = revision(
+                    signer, state["d"], channel, "create" if state["prev"] is None else "update", state["prev"]
+                )
+                await send_ok(ws, ev)
+                state["prev"] = ev["id"]
+                state["n"] += 1
+                return 1
+
+            yield op
+
+    return make
+
+
+async def throughput(
+    a: Server, owner: Any, reader: Any, ids: dict[str, str], syncs: int, rounds: int, seconds: float
+) -> dict[str, Any]:
+    none_rates, with_rates = [], []
+    for _ in range(rounds):
+        r = await common.closed_loop(8, seconds, writer_op(a, owner, ids["tput"]), server=a)
+        none_rates.append(r.rate)
+        async with contextlib.AsyncExitStack() as stack:
+            await open_syncs(a, reader, ids["idle"], syncs, stack)
+            r = await common.closed_loop(8, seconds, writer_op(a, owner, ids["tput"]), server=a)
+            with_rates.append(r.rate)
+    return {
+        "without_syncs_rev_s": statistics.median(none_rates),
+        "with_syncs_rev_s": statistics.median(with_rates),
+        "rounds": {"without": none_rates, "with": with_rates},
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    parts = set(args.only.split(",")) if args.only else set(PARTS)
+    owner, reader = _signer(), _signer()
+    out: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        env = common.service_env(stack)
+        env.update(BUZZ_WRITES_PER_SECOND="0", BUZZ_MAX_SUBSCRIPTIONS=str(SUBS_PER_CONNECTION))
+        a = common.start_relay(stack, env, [owner.pubkey, reader.pubkey])
+        b = common.start_relay_node(stack, env, a)
+        ids = channel_setup(env, a.host_header, owner.pubkey, [reader.pubkey])
+        cid = community_id(env, a.host_header)
+        common.header(
+            "NIP-AR sync",
+            [
+                f"{args.artifacts} artifacts, {args.syncs} syncs over 2 nodes, {args.rounds} rounds",
+                common.code_version(),
+            ],
+        )
+        if "eose" in parts:
+            await load(a, owner, ids["big"], args.artifacts)
+            relay_s, base_s = [], []
+            for _ in range(args.rounds):
+                t, n = await time_to_eose(a, reader, ids["big"])
+                if n != args.artifacts:
+                    raise BenchError(f"sync sent {n} events, expected {args.artifacts}")
+                relay_s.append(t)
+                t, n = await asyncio.to_thread(bare_keyset_read, env["DATABASE_URL"], cid, ids["big"])
+                base_s.append(t)
+            rm, bm = statistics.median(relay_s), statistics.median(base_s)
+            out["eose"] = {"relay_ms": 1000 * rm, "baseline_ms": 1000 * bm, "ratio": rm / bm}
+            print(
+                f"time to EOSE, {args.artifacts} artifacts: relay {1000 * rm:.1f} ms, bare keyset read + JSON"
+                f" {1000 * bm:.1f} ms -> {common.ratio(rm, bm)} (target <= 1.5)"
+            )
+        if "delivery" in parts:
+            rtt = await common.redis_roundtrip(env["REDIS_URL"])
+            d = await delivery(a, b, owner, reader, ids["live"], args.syncs, args.writes)
+            out["delivery"] = {**d, "redis_p50_ms": rtt.p50_ms, "redis_p99_ms": rtt.p99_ms}
+            print(
+                f"write-to-head delivery, {args.syncs} syncs on 2 nodes, {d['samples']} heads:"
+                f" p50 {d['p50_ms']:.2f} ms"
+                f" / p99 {d['p99_ms']:.2f} ms; bare Redis PUBLISH->SUBSCRIBE p50 {rtt.p50_ms:.3f} / p99"
+                f" {rtt.p99_ms:.3f} ms -> p50 {common.ratio(d['p50_ms'], rtt.p50_ms)}, p99"
+                f" {common.ratio(d['p99_ms'], rtt.p99_ms)} (target <= 10)"
+            )
+        if "memory" in parts:
+            m = await memory(a, reader, ids["idle"], args.syncs)
+            out["memory"] = m
+            print(
+                f"memory per idle sync: {m['per_sync_kib']:.1f} KiB ({m['syncs']} syncs on {m['connections']}"
+                " connections, connections' own cost excluded; target <= 64 KiB)"
+            )
+        if "throughput" in parts:
+            t = await throughput(a, owner, reader, ids, args.syncs, args.rounds, args.seconds)
+            out["throughput"] = t
+            drop = 1 - t["with_syncs_rev_s"] / t["without_syncs_rev_s"]
+            print(
+                f"write throughput: {t['without_syncs_rev_s']:.0f} rev/s without syncs, {t['with_syncs_rev_s']:.0f}"
+                f" with {args.syncs} idle syncs -> {100 * drop:+.1f}% drop (target <= 10%)"
+            )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", type=int, default=4096)
+    parser.add_argument("--syncs", type=int, default=1000)
+    parser.add_argument("--writes", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    common.exit_on_sigterm()
+    try:
+        out = common.run_async(run(args))
+    except BenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    common.write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
