@@ -49,6 +49,8 @@ class ChaosReport:
     told_resync: int = 0
     told_error: int = 0
     told_disconnect: int = 0
+    # A sync that got neither EOSE nor CLOSED in time: counted apart (a relay that stops answering).
+    timed_out: int = 0
     converged: int = 0
     silent_divergences: int = 0
     hub_kills: int = 0
@@ -151,6 +153,7 @@ class _Instance:
     # A sync still open when the run stops keeps its connection for the final comparison.
     client: RelayClient | None = None
     cm: Any = None
+    why: str = ""
 
 
 async def _sync_client(
@@ -180,10 +183,14 @@ async def _sync_client(
                     elif m[0] == "CLOSED":
                         inst.told = "resync" if m[2].startswith("resync:") else "error"
                         break
-        except (ConnectionClosed, OSError, TimeoutError):
+        except (ConnectionClosed, OSError) as exc:
             inst.told = "disconnect"
+            inst.why = f"{type(exc).__name__}: {exc}"
+        except TimeoutError:
+            inst.told = "timeout"
         finally:
-            if inst.told is not None or stop.is_set():
+            # A sync still open when the run stops keeps its connection for the final comparison.
+            if inst.told is not None:
                 with contextlib.suppress(Exception):
                     await cm.__aexit__(None, None, None)
         if inst.told is None:
@@ -243,6 +250,8 @@ async def run_chaos(cluster: Cluster, world: World, params: ChaosParams) -> Chao
             report.told_error += 1
         elif inst.told == "disconnect":
             report.told_disconnect += 1
+        elif inst.told == "timeout":
+            report.timed_out += 1
     survivors = [i for i in instances if i.told is None and i.state is not None and i.client is not None]
     fresh_digest: dict[str, str] = {}
     cm, fresh = await _connect(cluster, world, world.reader, rng)
@@ -270,8 +279,9 @@ async def run_chaos(cluster: Cluster, world: World, params: ChaosParams) -> Chao
                     elif m[0] == "CLOSED":
                         inst.told = "resync" if m[2].startswith("resync:") else "error"
                         break
-        except (ConnectionClosed, OSError):
+        except (ConnectionClosed, OSError) as exc:
             inst.told = "disconnect"
+            inst.why = f"at the end: {type(exc).__name__}: {exc}"
         if inst.told is not None:
             report.told_disconnect += inst.told == "disconnect"
             report.told_resync += inst.told == "resync"
@@ -283,6 +293,7 @@ async def run_chaos(cluster: Cluster, world: World, params: ChaosParams) -> Chao
             report.notes.append(f"silent divergence: filter {inst.flt}, {len(state.heads)} heads")
         with contextlib.suppress(Exception):
             await inst.cm.__aexit__(None, None, None)
+    report.notes += sorted({i.why for i in instances if i.why})
     report.seconds = time.monotonic() - started
     return report
 

@@ -48,10 +48,13 @@ async def test_sync_chaos_has_no_silent_divergence(world: World, relay_factory: 
 
         async def kill_hub() -> bool:
             node = pick.choice(nodes)
-            ids = await asyncio.to_thread(hub_connection_ids, client, node.pid)
-            if not ids:
-                return False
-            return bool(await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0])))
+            # The hub may be reconnecting after an earlier fault: wait for its connection.
+            for _ in range(200):
+                ids = await asyncio.to_thread(hub_connection_ids, client, node.pid)
+                if ids:
+                    return bool(await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0])))
+                await asyncio.sleep(0.05)
+            return False
 
         async def restart_redis() -> None:
             await asyncio.to_thread(kill_redis)
@@ -74,5 +77,6 @@ async def test_sync_chaos_has_no_silent_divergence(world: World, relay_factory: 
     assert report.hub_kills == params.hub_kills and report.redis_restarts == params.redis_restarts
     assert report.node_kills == params.node_kills
     assert report.silent_divergences == 0, report.notes
+    assert report.timed_out == 0, vars(report)
     # The run exercised both outcomes: syncs that were told, and syncs that converged live.
     assert report.told_resync + report.told_disconnect > 0 and report.converged > 0, vars(report)
