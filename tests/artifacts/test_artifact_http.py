@@ -31,7 +31,7 @@ from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import token_create
 from buzz.models import Community, Mention, StoredEvent
 from buzz.nostr import Signer
-from tests.db.chat_support import http
+from tests.support.chat_support import http
 from tests.support.wsclient import RelayClient
 
 HOST = "artifact-http.test"

@@ -28,8 +28,8 @@ from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import token_create, token_revoke
 from buzz.models import Community
 from buzz.nostr import Signer
-from tests.db.chat_support import publish
-from tests.model.query_model import Author, Channel, World
+from tests.artifacts.query_model import Author, Channel, World
+from tests.support.chat_support import publish
 from tests.support.relay import RelayProcess, relays_key
 from tests.support.wsclient import RelayClient
 

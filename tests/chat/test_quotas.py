@@ -16,7 +16,7 @@ import pytest
 from buzz.chat import channels
 from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
-from tests.db.chat_support import http, message, publish, stored
+from tests.support.chat_support import http, message, publish, stored
 from tests.support.wsclient import RelayClient
 
 HOST = "quotas.test"

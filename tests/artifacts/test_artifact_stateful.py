@@ -7,7 +7,7 @@ connection per actor. Every step sends one event (a kind-45010
 create/update/move/delete/restore, an exact resubmission of an earlier event, a kind 5, a kind-9
 anchor, a kind-9005 removal of an anchor) or changes a channel through the services
 (membership, archive, visibility, deletion). Every OK is compared with
-tests/model/artifact_model.py, and after every step the heads, the accepted revisions and the
+tests/artifacts/artifact_model.py, and after every step the heads, the accepted revisions and the
 move removals in the database are compared with the model's.
 
 A revision step is drawn abstractly (which d, which actor, which channel, and zero, one or two
@@ -43,7 +43,7 @@ from artifacts.models import Artifact, MoveRemoval, Revision
 from buzz.chat import channels
 from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
-from tests.model.artifact_model import OPEN, PRIVATE, ArtifactEvent, ArtifactModel, Outcome
+from tests.artifacts.artifact_model import OPEN, PRIVATE, ArtifactEvent, ArtifactModel, Outcome
 from tests.support.wsclient import RelayClient
 
 ACTORS = ("alice", "bob", "carol")

@@ -1,4 +1,4 @@
-"""The artifact model's own rules, pinned one by one (tests/model/artifact_model.py)."""
+"""The artifact model's own rules, pinned one by one (tests/artifacts/artifact_model.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from tests.model.artifact_model import (
+from tests.artifacts.artifact_model import (
     ARCHIVED,
     CONFLICT,
     HEAD_UNAVAILABLE,

@@ -20,7 +20,7 @@ from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import token_create
 from buzz.models import Community, Mention, StoredEvent
 from buzz.nostr import Signer
-from tests.db.chat_support import NOT_A_MEMBER, _request, http, message, nip98, publish, query, stored
+from tests.support.chat_support import NOT_A_MEMBER, _request, http, message, nip98, publish, query, stored
 from tests.support.wsclient import RelayClient
 
 HOST = "counters.test"

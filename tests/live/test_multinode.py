@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.ws.test_live_delivery import (
+from tests.live.test_live_delivery import (
     RELAY_ENV,
     Clients,
     World,

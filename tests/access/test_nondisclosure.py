@@ -18,7 +18,7 @@ from buzz.chat import channels
 from buzz.events.store import store_sync
 from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
-from tests.db.chat_support import NOT_A_MEMBER, http, message, publish, query, signed, stored
+from tests.support.chat_support import NOT_A_MEMBER, http, message, publish, query, signed, stored
 from tests.support.wsclient import RelayClient
 
 HOST = "oracle.test"

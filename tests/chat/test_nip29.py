@@ -21,7 +21,7 @@ from buzz.chat.channels import ChannelError
 from buzz.identity.communities import community_create, member_add
 from buzz.models import Channel, ChannelStats, Community, Membership, StoredEvent
 from buzz.nostr import Signer, parse_event, verify_event
-from tests.db.chat_support import NOT_A_MEMBER, message, publish, query, signed, stored
+from tests.support.chat_support import NOT_A_MEMBER, message, publish, query, signed, stored
 from tests.support.wsclient import RelayClient
 
 HOST = "nip29.test"

@@ -26,7 +26,7 @@ from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import hash_token, token_create, token_revoke
 from buzz.models import ApiToken, Channel, Community
 from buzz.nostr import Signer
-from tests.db.chat_support import TOKEN_INVALID, http, message, publish, query, signed, stored
+from tests.support.chat_support import TOKEN_INVALID, http, message, publish, query, signed, stored
 from tests.support.wsclient import RelayClient
 
 HOST = "tokens.test"

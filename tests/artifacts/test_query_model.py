@@ -1,4 +1,4 @@
-"""Model-based check of the NIP-AR views: the relay against tests/model/query_model.py.
+"""Model-based check of the NIP-AR views: the relay against tests/artifacts/query_model.py.
 
 Hypothesis draws a data set and ten filters per example:
   channels   open listed, open unlisted, private or DM; each reader a member or not; at the end
@@ -36,8 +36,8 @@ from buzz.chat import channels
 from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import token_create
 from buzz.nostr import Signer
-from tests.db.chat_support import nip98, publish
-from tests.model.query_model import Author, Channel, Denied, Reader, World, count, default_scope, evaluate
+from tests.artifacts.query_model import Author, Channel, Denied, Reader, World, count, default_scope, evaluate
+from tests.support.chat_support import nip98, publish
 from tests.support.relay import RelayProcess
 from tests.support.wsclient import RelayClient
 
