@@ -16,9 +16,10 @@ import pytest
 
 from buzz.chat import channels
 from buzz.events.store import store_sync
-from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
-from tests.support.chat_support import NOT_A_MEMBER, http, message, publish, query, signed, stored
+from tests.support.factories import NOT_A_MEMBER, make_channel, make_community, message, signed, signers
+from tests.support.records import stored
+from tests.support.wire import http, publish, query
 from tests.support.wsclient import RelayClient
 
 HOST = "oracle.test"
@@ -36,16 +37,10 @@ class Probe:
 
 @pytest.fixture
 def probe(transactional_db: None) -> Probe:
-    community = community_create(host=HOST, name="Oracle")
-    owner, asker = Signer.generate(), Signer.generate()
-    for s in (owner, asker):
-        member_add(community=community, pubkey=s.pubkey)
-    private, deleted = uuid.uuid4(), uuid.uuid4()
-    channels.channel_create(
-        community=community, channel_uuid=private, name="secret", creator=owner.pubkey, visibility="private"
-    )
-    channels.channel_create(community=community, channel_uuid=deleted, name="gone", creator=owner.pubkey)
-    channels.member_put(community=community, channel_uuid=deleted, actor=None, pubkey=asker.pubkey)
+    owner, asker = signers(2)
+    community = make_community(HOST, "Oracle", members=[owner, asker])
+    private = make_channel(community, owner, visibility="private", name="secret")
+    deleted = make_channel(community, owner, name="gone", members=[asker])
     channels.channel_delete(community=community, channel_uuid=deleted, actor=None)
     secret = owner.sign_event(kind=9, tags=[["h", str(private)]], content="s")
     store_sync(community_id=community.pk, event=secret, channel=private)

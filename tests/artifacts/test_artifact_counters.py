@@ -16,9 +16,6 @@ Against a real relay process, with kind-9 messages and artifact revisions in the
 from __future__ import annotations
 
 import asyncio
-import json
-import secrets
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +23,10 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
-from buzz.identity.tokens import token_create
 from buzz.models import Community, Mention
 from buzz.nostr import Signer
-from tests.support.chat_support import http
+from tests.support.factories import make_channel, make_community, make_token, message, revision, signers
+from tests.support.wire import Logins, accept, http
 from tests.support.wsclient import RelayClient
 
 HOST = "artifact-counters.test"
@@ -51,79 +46,12 @@ class Team:
 
 @pytest.fixture
 def team(transactional_db: None) -> Team:
-    community = community_create(host=HOST, name="Artifact counters")
-    alice, bob, carol = Signer.generate(), Signer.generate(), Signer.generate()
-    for s in (alice, bob, carol):
-        member_add(community=community, pubkey=s.pubkey)
-    chat, other = uuid.uuid4(), uuid.uuid4()
-    channels.channel_create(
-        community=community, channel_uuid=chat, name="c", creator=alice.pubkey, visibility="private"
-    )
-    channels.channel_create(community=community, channel_uuid=other, name="o", creator=alice.pubkey)
-    for ch in (chat, other):
-        for s in (bob, carol):
-            channels.member_put(community=community, channel_uuid=ch, actor=None, pubkey=s.pubkey)
-    token = token_create(community=community, pubkey=bob.pubkey, scopes=["messages:read", "messages:write"]).token
+    alice, bob, carol = signers(3)
+    community = make_community(HOST, "Artifact counters", members=[alice, bob, carol])
+    chat = make_channel(community, alice, visibility="private", name="c", members=[bob, carol])
+    other = make_channel(community, alice, name="o", members=[bob, carol])
+    token = make_token(community, bob, ["messages:read", "messages:write"])
     return Team(community, alice, bob, carol, chat, other, token)
-
-
-def message(signer: Signer, channel: uuid.UUID, root: str | None = None, p: list[str] | None = None) -> dict[str, Any]:
-    tags = [["h", str(channel)]]
-    if root is not None:
-        tags.append(["e", root, "", "root"])
-    tags.extend(["p", pk] for pk in p or [])
-    return signer.sign_event(kind=9, tags=tags, content=secrets.token_hex(6), created_at=int(time.time())).to_dict()
-
-
-def revision(
-    signer: Signer,
-    *,
-    d: uuid.UUID,
-    h: uuid.UUID,
-    op: str,
-    prev: str | None = None,
-    root: str | None = None,
-    p: list[str] | None = None,
-) -> dict[str, Any]:
-    tags = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", "buzz.task"]]
-    if op != "delete":
-        tags.append(["title", "Counted?"])
-    tags.append(["op", op])
-    if root is not None:
-        tags.append(["root", root])
-    if prev is not None:
-        tags.append(["prev", prev])
-    tags.extend(["p", pk] for pk in p or [])
-    content = "" if op == "delete" else json.dumps({"version": 1, "n": secrets.token_hex(4)})
-    return signer.sign_event(kind=45010, tags=tags, content=content, created_at=int(time.time())).to_dict()
-
-
-async def send(client: RelayClient, event: dict[str, Any]) -> str:
-    await client.send_json(["EVENT", event])
-    reply = await client.expect("OK", where=lambda m: len(m) > 1 and m[1] == event["id"])
-    assert reply[2] is True, reply
-    return str(event["id"])
-
-
-class Clients:
-    """One NIP-42 connection per member, opened lazily, closed by close()."""
-
-    def __init__(self, relay: Any, team: Team) -> None:
-        self.relay, self.team = relay, team
-        self._open: dict[str, tuple[Any, RelayClient]] = {}
-
-    async def of(self, signer: Signer) -> RelayClient:
-        if signer.pubkey not in self._open:
-            cm = RelayClient.connect(self.relay.ws_url, host=HOST)
-            client = await cm.__aenter__()
-            self._open[signer.pubkey] = (cm, client)
-            ok = await client.auth(signer)
-            assert ok[2] is True, ok
-        return self._open[signer.pubkey][1]
-
-    async def close(self) -> None:
-        for cm, _ in self._open.values():
-            await cm.__aexit__(None, None, None)
 
 
 async def get(relay: Any, path: str, *, signer: Signer | None = None, token: str | None = None) -> Any:
@@ -152,13 +80,13 @@ async def snapshot(relay: Any, team: Team, roots: list[str]) -> dict[str, Any]:
 
 async def test_revisions_leave_every_counter_alone(team: Team, relay_factory: Any, redis_flush: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
-    clients = Clients(relay, team)
+    clients = Logins(relay, HOST)
     try:
-        alice, bob, carol = [await clients.of(s) for s in (team.alice, team.bob, team.carol)]
-        m1 = await send(alice, message(team.alice, team.chat))
-        r1 = await send(bob, message(team.bob, team.chat, root=m1))
-        await send(carol, message(team.carol, team.chat))
-        await send(carol, message(team.carol, team.other))
+        alice, bob, carol = [await clients(s) for s in (team.alice, team.bob, team.carol)]
+        m1 = await accept(alice, message(team.alice, team.chat))
+        r1 = await accept(bob, message(team.bob, team.chat, root=m1))
+        await accept(carol, message(team.carol, team.chat))
+        await accept(carol, message(team.carol, team.other))
         before = await snapshot(relay, team, [m1, r1])
         # The setup is what the assertions below rely on: unread messages for alice and bob, a thread of one.
         assert before[f"alice {team.chat}"] == {"channel": str(team.chat), "messages": 3, "member": True, "unread": 2}
@@ -172,7 +100,7 @@ async def test_revisions_leave_every_counter_alone(team: Team, relay_factory: An
 
         async def step(client: RelayClient, signer: Signer, **fields: Any) -> None:
             nonlocal head
-            head = await send(client, revision(signer, d=d, prev=head, **fields))
+            head = await accept(client, revision(signer, d=d, prev=head, **fields))
             steps.append((client, signer, fields))
             assert await snapshot(relay, team, [m1, r1]) == before, f"after {fields['op']} by {signer.pubkey[:8]}"
 
@@ -185,12 +113,12 @@ async def test_revisions_leave_every_counter_alone(team: Team, relay_factory: An
         await step(bob, team.bob, h=team.other, op="delete")
         await step(carol, team.carol, h=team.other, op="restore")
         # A second artifact on the same thread root, created and edited in the chat channel.
-        first = await send(bob, revision(team.bob, d=e, h=team.chat, op="create", root=m1))
-        await send(bob, revision(team.bob, d=e, h=team.chat, op="update", root=m1, prev=first))
+        first = await accept(bob, revision(team.bob, d=e, h=team.chat, op="create", root=m1))
+        await accept(bob, revision(team.bob, d=e, h=team.chat, op="update", root=m1, prev=first))
         assert await snapshot(relay, team, [m1, r1]) == before
 
         # Control: a kind-9 reply does move the counters the revisions left alone.
-        await send(carol, message(team.carol, team.chat, root=m1))
+        await accept(carol, message(team.carol, team.chat, root=m1))
         after = await snapshot(relay, team, [m1, r1])
         assert after[f"alice thread {m1}"]["replies"] == 2
         assert after[f"alice {team.chat}"]["messages"] == 4 and after[f"alice {team.chat}"]["unread"] == 3
@@ -207,9 +135,9 @@ def mentions_of(event_id: str) -> list[tuple[str, str, int]]:
 
 async def test_mentions_only_for_newly_added_p_tags(team: Team, relay_factory: Any, redis_flush: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
-    clients = Clients(relay, team)
+    clients = Logins(relay, HOST)
     try:
-        alice, bob = await clients.of(team.alice), await clients.of(team.bob)
+        alice, bob = await clients(team.alice), await clients(team.bob)
         a, b, c = team.alice.pubkey, team.bob.pubkey, team.carol.pubkey
         d = uuid.uuid4()
         chat, other = str(team.chat), str(team.other)
@@ -218,25 +146,25 @@ async def test_mentions_only_for_newly_added_p_tags(team: Team, relay_factory: A
             return sorted((pk, channel, 45010) for pk in pubkeys)
 
         # Create: its p tags, once each, never the author (alice names herself too).
-        rev = await send(alice, revision(team.alice, d=d, h=team.chat, op="create", p=[b, b, a]))
+        rev = await accept(alice, revision(team.alice, d=d, h=team.chat, op="create", p=[b, b, a]))
         assert await mentions_of(rev) == mentioned(b)
         # p=bob kept, p=carol added: carol only.
-        rev = await send(alice, revision(team.alice, d=d, h=team.chat, op="update", prev=rev, p=[b, c]))
+        rev = await accept(alice, revision(team.alice, d=d, h=team.chat, op="update", prev=rev, p=[b, c]))
         assert await mentions_of(rev) == mentioned(c)
         # The same tags again, by someone else: nobody.
-        rev = await send(bob, revision(team.bob, d=d, h=team.chat, op="update", prev=rev, p=[c, b]))
+        rev = await accept(bob, revision(team.bob, d=d, h=team.chat, op="update", prev=rev, p=[c, b]))
         assert await mentions_of(rev) == []
         # bob removed: nobody.
-        rev = await send(alice, revision(team.alice, d=d, h=team.chat, op="update", prev=rev, p=[c]))
+        rev = await accept(alice, revision(team.alice, d=d, h=team.chat, op="update", prev=rev, p=[c]))
         assert await mentions_of(rev) == []
         # bob added again: the previous revision did not carry him, so he is mentioned again; carol is not.
-        rev = await send(alice, revision(team.alice, d=d, h=team.chat, op="update", prev=rev, p=[c, b]))
+        rev = await accept(alice, revision(team.alice, d=d, h=team.chat, op="update", prev=rev, p=[c, b]))
         assert await mentions_of(rev) == mentioned(b)
         # A move keeping both tags: nobody, in either channel.
-        rev = await send(alice, revision(team.alice, d=d, h=team.other, op="move", prev=rev, p=[b, c]))
+        rev = await accept(alice, revision(team.alice, d=d, h=team.other, op="move", prev=rev, p=[b, c]))
         assert await mentions_of(rev) == []
         # bob, the author now, is never mentioned; alice, newly added, is (in the destination channel).
-        rev = await send(bob, revision(team.bob, d=d, h=team.other, op="update", prev=rev, p=[b, c, a]))
+        rev = await accept(bob, revision(team.bob, d=d, h=team.other, op="update", prev=rev, p=[b, c, a]))
         assert await mentions_of(rev) == mentioned(a, channel=other)
         # Nothing else was ever recorded for this artifact's revisions.
         total = await sync_to_async(lambda: Mention.objects.filter(kind=45010).count())()

@@ -13,11 +13,7 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import json
-import secrets
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +22,10 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from artifacts.models import Artifact, CurrentTag, MoveRemoval, Revision
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
-from buzz.identity.tokens import token_create
 from buzz.models import Community, Mention, StoredEvent
 from buzz.nostr import Signer
-from tests.support.chat_support import http
+from tests.support.factories import make_channel, make_community, make_token, nip98_url, revision, signed, signers
+from tests.support.wire import Logins, http, publish
 from tests.support.wsclient import RelayClient
 
 HOST = "artifact-http.test"
@@ -58,50 +52,12 @@ class World:
 
 @pytest.fixture
 def world(transactional_db: None) -> World:
-    community = community_create(host=HOST, name="Artifact HTTP")
-    alice, mallory, carol, stranger = (Signer.generate() for _ in range(4))
-    for s in (alice, mallory, carol):
-        member_add(community=community, pubkey=s.pubkey)
-    private = uuid.uuid4()
-    channels.channel_create(
-        community=community, channel_uuid=private, name="p", creator=alice.pubkey, visibility="private"
-    )
-    channels.member_put(community=community, channel_uuid=private, actor=None, pubkey=carol.pubkey)
-    read = token_create(community=community, pubkey=alice.pubkey, scopes=["messages:read"]).token
-    write = token_create(community=community, pubkey=alice.pubkey, scopes=["messages:read", "messages:write"]).token
+    alice, mallory, carol, stranger = signers(4)
+    community = make_community(HOST, "Artifact HTTP", members=[alice, mallory, carol])
+    private = make_channel(community, alice, visibility="private", name="p", members=[carol])
+    read = make_token(community, alice, ["messages:read"])
+    write = make_token(community, alice, ["messages:read", "messages:write"])
     return World(community, alice, mallory, carol, stranger, private, read, write)
-
-
-def revision(
-    signer: Signer,
-    *,
-    d: uuid.UUID,
-    h: uuid.UUID,
-    op: str = "create",
-    prev: str | None = None,
-    title: str | None = "Ship it",
-    extra: list[list[str]] | None = None,
-    content: str | None = None,
-) -> dict[str, Any]:
-    tags = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", "buzz.task"]]
-    if title is not None:
-        tags.append(["title", title])
-    tags.append(["op", op])
-    if prev is not None:
-        tags.append(["prev", prev])
-    tags.extend(extra or [])
-    if content is None:
-        content = "" if op == "delete" else json.dumps({"version": 1, "n": secrets.token_hex(4)})
-    return signer.sign_event(kind=45010, tags=tags, content=content, created_at=int(time.time())).to_dict()
-
-
-def signed(signer: Signer, kind: int, tags: list[list[str]], content: str = "") -> dict[str, Any]:
-    return signer.sign_event(kind=kind, tags=tags, content=content, created_at=int(time.time())).to_dict()
-
-
-async def ws_send(client: RelayClient, event: dict[str, Any]) -> list[Any]:
-    await client.send_json(["EVENT", event])
-    return await client.expect("OK", where=lambda m: len(m) > 1 and m[1] == event["id"])
 
 
 async def post(
@@ -109,29 +65,6 @@ async def post(
 ) -> tuple[int, Any]:
     body = event if isinstance(event, bytes) else json.dumps(event).encode()
     return await http(relay, "POST", "/events", host=HOST, signer=signer, authorization=authorization, body=body)
-
-
-class Login:
-    """A NIP-42 connection per signer."""
-
-    def __init__(self, relay: Any) -> None:
-        self.relay = relay
-        self._cms: list[Any] = []
-        self._by: dict[str, RelayClient] = {}
-
-    async def __call__(self, signer: Signer) -> RelayClient:
-        if signer.pubkey not in self._by:
-            cm = RelayClient.connect(self.relay.ws_url, host=HOST)
-            client = await cm.__aenter__()
-            self._cms.append(cm)
-            ok = await client.auth(signer)
-            assert ok[2] is True, ok
-            self._by[signer.pubkey] = client
-        return self._by[signer.pubkey]
-
-    async def close(self) -> None:
-        for cm in reversed(self._cms):
-            await cm.__aexit__(None, None, None)
 
 
 @sync_to_async
@@ -152,16 +85,9 @@ def reason_of(body: dict[str, Any]) -> str:
     return str(body.get("message", body.get("error", "")))
 
 
-def nip98_for(signer: Signer, url: str, method: str, body: bytes) -> str:
-    tags = [["u", url], ["method", method], ["payload", hashlib.sha256(body).hexdigest()]]
-    tags.append(["nonce", secrets.token_hex(8)])
-    event = signer.sign_event(kind=27235, tags=tags, content="", created_at=int(time.time()))
-    return "Nostr " + base64.b64encode(json.dumps(event.to_dict()).encode()).decode()
-
-
 async def test_post_events_statuses_and_ws_texts(world: World, relay_factory: Any, redis_flush: Any) -> None:
     relay = relay_factory(**NO_QUOTA)
-    login = Login(relay)
+    login = Logins(relay, HOST)
     try:
         alice_ws, mallory_ws = await login(world.alice), await login(world.mallory)
 
@@ -174,13 +100,13 @@ async def test_post_events_statuses_and_ws_texts(world: World, relay_factory: An
         assert await post(relay, create, signer=world.alice) == (
             200, {"event_id": create["id"], "accepted": True, "message": "duplicate: already accepted"}
         )  # fmt: skip
-        assert (await ws_send(alice_ws, create))[2:] == [True, "duplicate: already accepted"]
+        assert (await publish(alice_ws, create))[2:] == [True, "duplicate: already accepted"]
         # With a bearer token holding messages:write.
         update = revision(world.alice, d=d, h=world.private, op="update", prev=create["id"])
         status, body = await post(relay, update, authorization=RelayClient.bearer(world.write_token))
         assert (status, body["accepted"], body["message"]) == (200, True, "")
         ws_new = revision(world.alice, d=uuid.uuid4(), h=world.private)
-        assert (await ws_send(alice_ws, ws_new))[2:] == [True, ""]
+        assert (await publish(alice_ws, ws_new))[2:] == [True, ""]
 
         before = await stored_state()
         # Each rejection: (sender over HTTP, credential, event, status, message); the WS gets the same text.
@@ -193,10 +119,10 @@ async def test_post_events_statuses_and_ws_texts(world: World, relay_factory: An
             ("delete with content", world.alice, None,
              revision(world.alice, d=d, h=world.private, op="delete", prev=update["id"], title=None, content="x"),
              400, "invalid: a delete has empty content"),
-            ("kind 5", world.alice, None, signed(world.alice, 5, [["e", update["id"]], ["k", "45010"]]), 400, ""),
+            ("kind 5", world.alice, None, signed(world.alice, 5, [["e", update["id"]], ["k", "45010"]], ""), 400, ""),
             ("kind 45011", world.alice, None,
              signed(world.alice, 45011, [["ar", "1"], ["d", str(d)], ["h", str(world.private)],
-                                         ["reason", "moved"], ["prev", update["id"]]]), 400, REMOVAL_REFUSED),
+                                         ["reason", "moved"], ["prev", update["id"]]], ""), 400, REMOVAL_REFUSED),
             ("not a member", world.mallory, None, revision(world.mallory, d=other, h=world.private), 403, NOT_A_MEMBER),
             ("read-only token", world.alice, world.read_token, revision(world.alice, d=other, h=world.private), 403,
              "restricted: this token lacks the messages:write scope"),
@@ -219,10 +145,10 @@ async def test_post_events_statuses_and_ws_texts(world: World, relay_factory: An
                 assert body["message"] == want_message, (label, body)
             client = alice_ws if signer is world.alice else mallory_ws
             if token is None:
-                assert (await ws_send(client, event))[2:] == [False, body["message"]], label
+                assert (await publish(client, event))[2:] == [False, body["message"]], label
             else:
                 async with RelayClient.connect(relay.ws_url, host=HOST, authorization=RelayClient.bearer(token)) as tc:
-                    assert (await ws_send(tc, event))[2:] == [False, body["message"]], label
+                    assert (await publish(tc, event))[2:] == [False, body["message"]], label
         # Kind 5 on a revision: refused with a reason that says so.
         kind5 = next(c for c in cases if c[0] == "kind 5")[3]
         status, body = await post(relay, kind5, signer=world.alice)
@@ -239,10 +165,10 @@ async def test_post_events_statuses_and_ws_texts(world: World, relay_factory: An
         raw = json.dumps(fresh).encode()
         status, body = await post(relay, fresh)
         assert status == 401 and reason_of(body).startswith("auth-required:"), body
-        wrong_url = nip98_for(world.alice, f"http://{HOST}/query", "POST", raw)
+        wrong_url = nip98_url(world.alice, f"http://{HOST}/query", "POST", raw)
         status, body = await post(relay, fresh, authorization=wrong_url)
         assert status == 401 and reason_of(body).startswith("auth-required:"), body
-        good = nip98_for(world.alice, f"http://{HOST}/events", "POST", raw)
+        good = nip98_url(world.alice, f"http://{HOST}/events", "POST", raw)
         other_body = revision(world.alice, d=uuid.uuid4(), h=world.private)
         status, body = await post(relay, other_body, authorization=good)  # payload hash of another body
         assert status == 401 and reason_of(body).startswith("auth-required:"), body
@@ -261,7 +187,7 @@ async def test_post_events_statuses_and_ws_texts(world: World, relay_factory: An
 
 async def test_quota_and_size_limits_apply(world: World, relay_factory: Any, redis_flush: Any) -> None:
     relay = relay_factory(BUZZ_WRITES_PER_SECOND="1", BUZZ_WRITE_BURST="2", BUZZ_MAX_CONTENT_LENGTH="1024")
-    login = Login(relay)
+    login = Logins(relay, HOST)
     try:
         alice_ws = await login(world.alice)
         # WS: three quick creates, sent together: the third is rate-limited and stores nothing.
@@ -284,30 +210,30 @@ async def test_quota_and_size_limits_apply(world: World, relay_factory: Any, red
 
         # Size: content over BUZZ_MAX_CONTENT_LENGTH is invalid, over both transports, whatever the bucket holds.
         too_big = revision(world.alice, d=uuid.uuid4(), h=world.private, content="x" * 1025)
-        reply = await ws_send(alice_ws, too_big)
+        reply = await publish(alice_ws, too_big)
         assert reply[2:] == [False, "invalid: content too long (max 1024 bytes)"], reply
         status, body = await post(relay, too_big, signer=world.alice)
         assert (status, body["message"]) == (400, "invalid: content too long (max 1024 bytes)")
         # Measured in bytes: 342 three-byte characters are 1026 bytes.
         wide = revision(world.alice, d=uuid.uuid4(), h=world.private, content="€" * 342)
-        assert (await ws_send(alice_ws, wide))[2:] == [False, "invalid: content too long (max 1024 bytes)"]
+        assert (await publish(alice_ws, wide))[2:] == [False, "invalid: content too long (max 1024 bytes)"]
         assert await stored_state() == after
         # At the limit it is accepted (once the bucket has a token again).
         await asyncio.sleep(1.1)
         at_limit = revision(world.alice, d=uuid.uuid4(), h=world.private, content="y" * 1024)
-        assert (await ws_send(alice_ws, at_limit))[2:] == [True, ""]
+        assert (await publish(alice_ws, at_limit))[2:] == [True, ""]
     finally:
         await login.close()
 
 
 async def test_rejected_envelopes_store_nothing(world: World, relay_factory: Any, redis_flush: Any) -> None:
     relay = relay_factory(**NO_QUOTA)
-    login = Login(relay)
+    login = Logins(relay, HOST)
     try:
         alice = await login(world.alice)
         d = uuid.uuid4()
         create = revision(world.alice, d=d, h=world.private, extra=[["p", world.carol.pubkey], ["status", "open"]])
-        assert (await ws_send(alice, create))[2] is True
+        assert (await publish(alice, create))[2] is True
         before = await stored_state()
         h, p = world.private, ["p", world.mallory.pubkey]
         new = uuid.uuid4()
@@ -327,12 +253,12 @@ async def test_rejected_envelopes_store_nothing(world: World, relay_factory: Any
             revision(world.alice, d=d, h=h, op="restore", prev=create["id"], extra=[p]),  # not deleted
             revision(world.alice, d=d, h=h, op="move", prev=create["id"], extra=[p]),  # a move changes h
             revision(world.alice, d=d, h=h, op="update", prev=create["id"], extra=[p, ["root", "ab" * 32]]),
-            signed(world.alice, 5, [["e", create["id"]]]),
+            signed(world.alice, 5, [["e", create["id"]]], ""),
             signed(world.alice, 45011, [["ar", "1"], ["d", str(d)], ["h", str(h)], ["reason", "moved"],
-                                        ["prev", create["id"]]]),
+                                        ["prev", create["id"]]], ""),
         ]  # fmt: skip
         for event in rejected:
-            reply = await ws_send(alice, event)
+            reply = await publish(alice, event)
             assert reply[2] is False and reply[3].startswith("invalid: "), (event["tags"][:8], reply)
             status, body = await post(relay, event, signer=world.alice)
             assert (status, body["message"]) == (400, reply[3])

@@ -18,10 +18,8 @@ import asyncio
 import contextlib
 import json
 import re
-import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +27,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from artifacts.models import Artifact, MoveRemoval, Revision
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
 from buzz.models import Community
 from buzz.nostr import Signer
+from tests.support.factories import make_channel, make_community, revision, signers
+from tests.support.relay import start_relays
+from tests.support.wire import logged_in, publish
 from tests.support.wsclient import RelayClient
 
 HOST = "idempotent.test"
@@ -52,57 +51,17 @@ class World:
 
 @pytest.fixture
 def world(transactional_db: None) -> World:
-    community = community_create(host=HOST, name="Idempotency")
-    alice, bob = Signer.generate(), Signer.generate()
-    for signer in (alice, bob):
-        member_add(community=community, pubkey=signer.pubkey)
-    first, second = uuid.uuid4(), uuid.uuid4()
-    for cid in (first, second):
-        channels.channel_create(
-            community=community, channel_uuid=cid, name=str(cid)[:8], creator=alice.pubkey, visibility="private"
-        )
-    channels.member_put(community=community, channel_uuid=first, actor=None, pubkey=bob.pubkey)
+    alice, bob = signers(2)
+    community = make_community(HOST, "Idempotency", members=[alice, bob])
+    first = make_channel(community, alice, visibility="private", members=[bob])
+    second = make_channel(community, alice, visibility="private")
     return World(community, alice, bob, first, second)
 
 
-def revision(
-    signer: Signer,
-    *,
-    d: uuid.UUID,
-    h: uuid.UUID,
-    op: str,
-    prev: str | None = None,
-    title: str = "Plan",
-    created_at: int | None = None,
-) -> dict[str, Any]:
-    tags = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", "buzz.task"]]
-    if op != "delete":
-        tags.append(["title", title])
-    tags.append(["op", op])
-    if prev is not None:
-        tags.append(["prev", prev])
-    content = "" if op == "delete" else json.dumps({"version": 1, "n": secrets.token_hex(4)})
-    when = int(time.time()) if created_at is None else created_at
-    return signer.sign_event(kind=45010, tags=tags, content=content, created_at=when).to_dict()
-
-
-async def send(client: RelayClient, event: dict[str, Any]) -> list[Any]:
-    await client.send_json(["EVENT", event])
-    return await client.expect("OK", where=lambda m: len(m) > 1 and m[1] == event["id"])
-
-
 async def accepted(client: RelayClient, event: dict[str, Any]) -> str:
-    reply = await send(client, event)
+    reply = await publish(client, event)
     assert reply[2] is True and reply[3] == "", reply
     return str(event["id"])
-
-
-@contextlib.asynccontextmanager
-async def connect(relay: Any, signer: Signer) -> AsyncIterator[RelayClient]:
-    async with RelayClient.connect(relay.ws_url, host=HOST) as client:
-        ok = await client.auth(signer)
-        assert ok[2] is True, ok
-        yield client
 
 
 @sync_to_async
@@ -115,11 +74,6 @@ def state(community: Community, d: uuid.UUID) -> tuple[str, uuid.UUID, int, int]
         Revision.objects.filter(artifact=art).count(),
         MoveRemoval.objects.filter(artifact=art).count(),
     )
-
-
-async def start_relays(relay_factory: Any, *envs: dict[str, str]) -> list[Any]:
-    """Relay processes on the one test database and Redis, started side by side."""
-    return list(await asyncio.gather(*(asyncio.to_thread(relay_factory, **env) for env in envs)))
 
 
 def duplicate_reply(reply: list[Any], event: dict[str, Any]) -> str:
@@ -138,20 +92,20 @@ async def test_resubmission_after_later_revisions(world: World, relay_factory: A
     c = revision(world.alice, d=d, h=world.first, op="create", created_at=now + 600)
     u1 = revision(world.alice, d=d, h=world.first, op="update", prev=c["id"], created_at=now)
     u2 = revision(world.alice, d=d, h=world.first, op="update", prev=u1["id"], created_at=now - 600)
-    async with connect(relay, world.alice) as alice:
+    async with logged_in(relay, world.alice, host=HOST) as alice:
         for e in (c, u1, u2):
             await accepted(alice, e)
         before = await state(world.community, d)
         assert before == (u2["id"], world.first, 3, 0)
-        messages = {duplicate_reply(await send(alice, e), e) for e in (c, u1, u2, c)}
+        messages = {duplicate_reply(await publish(alice, e), e) for e in (c, u1, u2, c)}
         assert len(messages) == 1, messages
         assert await state(world.community, d) == before
     # A client that lost its connection (and the acknowledgement) retries on a new one, on another node.
-    async with connect(other, world.alice) as again:
-        assert duplicate_reply(await send(again, u1), u1) in messages
+    async with logged_in(other, world.alice, host=HOST) as again:
+        assert duplicate_reply(await publish(again, u1), u1) in messages
         # A different event on a stale prev is a conflict, not a duplicate.
         stale = revision(world.alice, d=d, h=world.first, op="update", prev=u1["id"])
-        reply = await send(again, stale)
+        reply = await publish(again, stale)
         assert reply[2] is False and reply[3].startswith("conflict: head changed"), reply
         assert await state(world.community, d) == before
 
@@ -159,7 +113,7 @@ async def test_resubmission_after_later_revisions(world: World, relay_factory: A
 async def test_resubmission_after_losing_access(world: World, relay_factory: Any, redis_flush: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
     d = uuid.uuid4()
-    async with connect(relay, world.alice) as alice, connect(relay, world.bob) as bob:
+    async with logged_in(relay, world.alice, host=HOST) as alice, logged_in(relay, world.bob, host=HOST) as bob:
         c = revision(world.bob, d=d, h=world.first, op="create")
         await accepted(bob, c)
         u1 = revision(world.alice, d=d, h=world.first, op="update", prev=c["id"], title="Secret plan")
@@ -168,23 +122,23 @@ async def test_resubmission_after_losing_access(world: World, relay_factory: Any
         remove = world.alice.sign_event(
             kind=9001, tags=[["h", str(world.first)], ["p", world.bob.pubkey]], content="", created_at=int(time.time())
         ).to_dict()
-        assert (await send(alice, remove))[2] is True
+        assert (await publish(alice, remove))[2] is True
         before = await state(world.community, d)
         assert before == (u1["id"], world.first, 2, 0)
-        message = duplicate_reply(await send(bob, c), c)
+        message = duplicate_reply(await publish(bob, c), c)
         assert await state(world.community, d) == before
         # Control: a new edit by bob is refused like an edit of a missing artifact.
         edit = revision(world.bob, d=d, h=world.first, op="update", prev=u1["id"])
-        assert (await send(bob, edit))[2:] == [False, HEAD_UNAVAILABLE]
+        assert (await publish(bob, edit))[2:] == [False, HEAD_UNAVAILABLE]
         # Alice's resubmission of the current head gets the very same text.
-        assert duplicate_reply(await send(alice, u1), u1) == message
+        assert duplicate_reply(await publish(alice, u1), u1) == message
         assert await state(world.community, d) == before
 
 
 async def test_resubmission_after_move(world: World, relay_factory: Any, redis_flush: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
     d = uuid.uuid4()
-    async with connect(relay, world.alice) as alice, connect(relay, world.bob) as bob:
+    async with logged_in(relay, world.alice, host=HOST) as alice, logged_in(relay, world.bob, host=HOST) as bob:
         c = revision(world.bob, d=d, h=world.first, op="create")
         await accepted(bob, c)
         # Alice moves it to the channel bob is not in.
@@ -192,13 +146,13 @@ async def test_resubmission_after_move(world: World, relay_factory: Any, redis_f
         await accepted(alice, m)
         before = await state(world.community, d)
         assert before == (m["id"], world.second, 2, 1)
-        message = duplicate_reply(await send(bob, c), c)
-        assert duplicate_reply(await send(alice, m), m) == message
+        message = duplicate_reply(await publish(bob, c), c)
+        assert duplicate_reply(await publish(alice, m), m) == message
         # Nothing applied again: no third revision, no second removal, the head and home unchanged.
         assert await state(world.community, d) == before
         # Bob, who can't read the destination, can't edit it either: the missing-artifact answer.
         edit = revision(world.bob, d=d, h=world.first, op="update", prev=c["id"])
-        assert (await send(bob, edit))[2:] == [False, HEAD_UNAVAILABLE]
+        assert (await publish(bob, edit))[2:] == [False, HEAD_UNAVAILABLE]
 
 
 async def test_old_resubmission_outside_the_window(world: World, relay_factory: Any, redis_flush: Any) -> None:
@@ -206,18 +160,18 @@ async def test_old_resubmission_outside_the_window(world: World, relay_factory: 
     wide, narrow = await start_relays(relay_factory, RELAY_ENV, {"BUZZ_CREATED_AT_PAST": "60", **RELAY_ENV})
     d = uuid.uuid4()
     old = revision(world.alice, d=d, h=world.first, op="create", created_at=int(time.time()) - 800)
-    async with connect(wide, world.alice) as alice:
+    async with logged_in(wide, world.alice, host=HOST) as alice:
         await accepted(alice, old)
     before = await state(world.community, d)
     # On the node whose window is 60 s: the event is 800 s old, yet its resubmission succeeds.
-    async with connect(narrow, world.alice) as alice:
-        duplicate_reply(await send(alice, old), old)
+    async with logged_in(narrow, world.alice, host=HOST) as alice:
+        duplicate_reply(await publish(alice, old), old)
         assert await state(world.community, d) == before
         # Control: a new event just as old is refused by that node's window.
         fresh = revision(
             world.alice, d=d, h=world.first, op="update", prev=old["id"], created_at=int(time.time()) - 800
         )
-        reply = await send(alice, fresh)
+        reply = await publish(alice, fresh)
         assert reply[2:] == [False, "invalid: created_at is more than 60 seconds in the past"], reply
         assert await state(world.community, d) == before
 
@@ -227,7 +181,7 @@ async def test_concurrent_resubmissions_of_one_event(world: World, relay_factory
     race each other, yet exactly one applies it and every other copy is a duplicate, never a conflict."""
     relays = await start_relays(relay_factory, RELAY_ENV, RELAY_ENV)
     async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(connect(relays[i % 2], world.alice)) for i in range(10)]
+        clients = [await stack.enter_async_context(logged_in(relays[i % 2], world.alice, host=HOST)) for i in range(10)]
         for round_no in range(3):
             d = uuid.uuid4()
             chain = [revision(world.alice, d=d, h=world.first, op="create")]

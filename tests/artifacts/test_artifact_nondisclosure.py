@@ -18,7 +18,6 @@ import datetime as dt
 import itertools
 import json
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,12 +27,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from artifacts.models import Revision
-from buzz.chat import bans, channels
-from buzz.identity.communities import community_create, member_add
-from buzz.identity.tokens import token_create
+from buzz.chat import bans
 from buzz.models import Community
 from buzz.nostr import Signer
-from tests.support.chat_support import http
+from tests.support.factories import READ_WRITE, make_channel, make_community, make_token, revision
+from tests.support.wire import http, logged_in, publish
 from tests.support.wsclient import RelayClient
 
 HOST = "nondisclosure.test"
@@ -64,64 +62,24 @@ class World:
 
 @pytest.fixture
 def world(transactional_db: None) -> World:
-    community = community_create(host=HOST, name="Non-disclosure")
     alice = Signer.generate()
     keys = {name: Signer.generate() for name in ("mallory", "banned", "timed_out")}
-    for signer in (alice, *keys.values()):
-        member_add(community=community, pubkey=signer.pubkey)
-    secret, open_ch = uuid.uuid4(), uuid.uuid4()
-    channels.channel_create(
-        community=community, channel_uuid=secret, name="secret", creator=alice.pubkey, visibility="private"
-    )
-    channels.channel_create(community=community, channel_uuid=open_ch, name="open", creator=alice.pubkey)
-    for signer in keys.values():
-        channels.member_put(community=community, channel_uuid=open_ch, actor=None, pubkey=signer.pubkey)
+    community = make_community(HOST, "Non-disclosure", members=[alice, *keys.values()])
+    secret = make_channel(community, alice, visibility="private", name="secret")
+    open_ch = make_channel(community, alice, name="open", members=keys.values())
     bans.ban_add(community=community, pubkey=keys["banned"].pubkey)
     bans.timeout_add(community=community, pubkey=keys["timed_out"].pubkey, duration=dt.timedelta(hours=1))
     world = World(community, alice, keys, secret, open_ch)
-    mallory = keys["mallory"].pubkey
-    rw = ["messages:read", "messages:write"]
-    world.tokens[("mallory", "token_other_channel")] = token_create(
-        community=community, pubkey=mallory, scopes=rw, channels=[str(open_ch)]
-    ).token
-    world.tokens[("mallory", "token_read_only")] = token_create(
-        community=community, pubkey=mallory, scopes=["messages:read"]
-    ).token
+    mallory = keys["mallory"]
+    world.tokens[("mallory", "token_other_channel")] = make_token(community, mallory, READ_WRITE, channels=[open_ch])
+    world.tokens[("mallory", "token_read_only")] = make_token(community, mallory, ["messages:read"])
     return world
-
-
-def revision(
-    signer: Signer,
-    *,
-    d: uuid.UUID | str,
-    h: uuid.UUID | str,
-    op: str,
-    prev: str | None = None,
-    type_: str = "buzz.task",
-    title: str = "Guess",
-) -> dict[str, Any]:
-    tags = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", type_]]
-    if op != "delete":
-        tags.append(["title", title])
-    tags.append(["op", op])
-    if prev is not None:
-        tags.append(["prev", prev])
-    content = "" if op == "delete" else json.dumps({"version": 1, "n": secrets.token_hex(4)})
-    return signer.sign_event(kind=45010, tags=tags, content=content, created_at=int(time.time())).to_dict()
-
-
-async def send(client: RelayClient, event: dict[str, Any]) -> list[Any]:
-    await client.send_json(["EVENT", event])
-    return await client.expect("OK", where=lambda m: len(m) > 1 and m[1] == event["id"])
 
 
 @contextlib.asynccontextmanager
 async def connect(relay: Any, world: World, name: str, cred: str) -> AsyncIterator[RelayClient]:
     if cred == "nip42":
-        signer = alice_or(world, name)
-        async with RelayClient.connect(relay.ws_url, host=HOST) as client:
-            ok = await client.auth(signer)
-            assert ok[2] is True, ok
+        async with logged_in(relay, alice_or(world, name), host=HOST) as client:
             yield client
     else:
         bearer = RelayClient.bearer(world.tokens[(name, cred)])
@@ -152,7 +110,7 @@ async def plant_secrets(relay: Any, world: World) -> Secrets:
         g = revision(world.alice, d=gone, h=world.secret, op="create", type_=SECRET_TYPE, title=SECRET_TITLE)
         x = revision(world.alice, d=gone, h=world.secret, op="delete", prev=g["id"], type_=SECRET_TYPE)
         for e in (c, u, g, x):
-            ok = await send(alice, e)
+            ok = await publish(alice, e)
             assert ok[2] is True, ok
     return Secrets(live, u["id"], gone, x["id"])
 
@@ -186,8 +144,8 @@ async def test_missing_and_unreadable_answer_alike_over_ws(world: World, relay_f
             for op in ("update", "delete", "move", "restore"):
                 for label, fields in guesses(world, planted, op):
                     missing = {**fields, "d": uuid.uuid4()}
-                    real = await send(client, revision(signer, **fields))
-                    fake = await send(client, revision(signer, **missing))
+                    real = await publish(client, revision(signer, **fields))
+                    fake = await publish(client, revision(signer, **missing))
                     if real[2:] != fake[2:] or real[2] is not False:
                         failures.append(f"{name}/{cred} {label}: unreadable {real[2:]} vs missing {fake[2:]}")
                     if name == "mallory" and cred != "token_read_only" and real[3] != HEAD_UNAVAILABLE:
@@ -206,7 +164,7 @@ async def test_create_of_a_taken_d_says_only_taken(world: World, relay_factory: 
     async with connect(relay, world, "mallory", "nip42") as client:
         for d in (planted.live, planted.deleted):  # a deleted d stays reserved too
             for type_ in ("buzz.task", SECRET_TYPE):
-                reply = await send(client, revision(mallory, d=d, h=world.open, op="create", type_=type_))
+                reply = await publish(client, revision(mallory, d=d, h=world.open, op="create", type_=type_))
                 assert reply[2:] == [False, IDENTITY_TAKEN], reply
     # Over HTTP: 409 and the same body.
     for d in (planted.live, planted.deleted):
@@ -263,6 +221,6 @@ async def compare_http(
     if real != fake or real[1]["accepted"] is not False:
         failures.append(f"{name}/{cred} {label}: unreadable {real} vs missing {fake}")
     # The same text as over the WebSocket, for the same event.
-    ws = await send(client, real_event)
+    ws = await publish(client, real_event)
     if ws[2:] != [False, real[1]["message"]]:
         failures.append(f"{name}/{cred} {label}: WS {ws[2:]} vs HTTP {real}")

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +23,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from artifacts.models import Artifact, MoveRemoval, Revision
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
 from buzz.models import Community
 from buzz.nostr import Event, Signer, parse_event, verify_event
+from tests.support.factories import make_channel, make_community, revision, signers
+from tests.support.relay import start_relays
+from tests.support.wire import publish
 from tests.support.wsclient import RelayClient
 
 HOST = "races.test"
@@ -49,31 +48,12 @@ class World:
 
 @pytest.fixture
 def world(transactional_db: None) -> World:
-    community = community_create(host=HOST, name="Races")
-    writers = [Signer.generate() for _ in range(WRITERS)]
-    for signer in writers:
-        member_add(community=community, pubkey=signer.pubkey)
-    source, dest = uuid.uuid4(), uuid.uuid4()
+    writers = signers(WRITERS)
+    community = make_community(HOST, "Races", members=writers)
     # Open channels: every relay member may write in both (write permission is the kind-9 rule).
-    owner = writers[0].pubkey
-    channels.channel_create(community=community, channel_uuid=source, name="src", creator=owner, visibility="open")
-    channels.channel_create(community=community, channel_uuid=dest, name="dst", creator=owner, visibility="open")
+    source = make_channel(community, writers[0], name="src")
+    dest = make_channel(community, writers[0], name="dst")
     return World(community, writers, source, dest)
-
-
-def revision(
-    signer: Signer, *, d: uuid.UUID, h: uuid.UUID, op: str, prev: str | None = None, title: str = "Race"
-) -> dict[str, Any]:
-    tags = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", "buzz.task"], ["title", title], ["op", op]]
-    if prev is not None:
-        tags.append(["prev", prev])
-    content = json.dumps({"version": 1, "by": signer.pubkey[:8], "n": secrets.token_hex(4)})
-    return signer.sign_event(kind=45010, tags=tags, content=content, created_at=int(time.time())).to_dict()
-
-
-async def send(client: RelayClient, event: dict[str, Any]) -> list[Any]:
-    await client.send_json(["EVENT", event])
-    return await client.expect("OK", TIMEOUT, where=lambda m: len(m) > 1 and m[1] == event["id"])
 
 
 async def race(clients: list[RelayClient], events: list[dict[str, Any]]) -> list[list[Any]]:
@@ -122,14 +102,9 @@ def split(replies: list[list[Any]]) -> tuple[list[int], list[str]]:
 async def create(client: RelayClient, signer: Signer, world: World) -> tuple[uuid.UUID, str]:
     d = uuid.uuid4()
     event = revision(signer, d=d, h=world.source, op="create")
-    ok = await send(client, event)
+    ok = await publish(client, event, TIMEOUT)
     assert ok[2] is True, ok
     return d, event["id"]
-
-
-async def start_two(relay_factory: Any) -> list[Any]:
-    """Two relay processes on the one test database and Redis, started side by side."""
-    return list(await asyncio.gather(*(asyncio.to_thread(relay_factory, **RELAY_ENV) for _ in range(2))))
 
 
 async def fifty_updates_on_one_prev(world: World, clients: list[RelayClient]) -> None:
@@ -210,11 +185,11 @@ async def move_races_updates(world: World, clients: list[RelayClient]) -> None:
             for i, s in enumerate(world.writers)
         ]  # fmt: skip
         if move_first:
-            first = [await send(clients[0], events[0])]
+            first = [await publish(clients[0], events[0], TIMEOUT)]
             replies = first + await race(clients[1:], events[1:])
         else:
             rest = await race(clients[1:2], events[1:2])
-            replies = [await send(clients[0], events[0]), *rest, *await race(clients[2:], events[2:])]
+            replies = [await publish(clients[0], events[0], TIMEOUT), *rest, *await race(clients[2:], events[2:])]
         assert await check_move_outcome(world, d, prev, events, replies, 0) is move_first
 
 
@@ -231,7 +206,7 @@ async def fifty_creates_of_one_d(world: World, clients: list[RelayClient]) -> No
 @pytest.mark.slow
 async def test_races_over_two_relays(world: World, relay_factory: Any, redis_flush: Any) -> None:
     """The three races share one pair of relays and one set of 50 connections (half on each relay)."""
-    relays = await start_two(relay_factory)
+    relays = await start_relays(relay_factory, RELAY_ENV, RELAY_ENV)
     async with writer_connections(world, relays) as clients:
         await fifty_updates_on_one_prev(world, clients)
         await move_races_updates(world, clients)

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer, parse_event, verify_event
+from tests.support.factories import make_channel, make_community, revision, signers
 from tests.support.wsclient import RelayClient
 
 HOST = "replay.test"
@@ -28,24 +27,11 @@ class World:
 
 @pytest.fixture
 def world(transactional_db: None) -> World:
-    community = community_create(host=HOST, name="Replay")
-    writer, source_reader = Signer.generate(), Signer.generate()
-    for s in (writer, source_reader):
-        member_add(community=community, pubkey=s.pubkey)
-    source, dest = uuid.uuid4(), uuid.uuid4()
-    for cid in (source, dest):
-        channels.channel_create(
-            community=community, channel_uuid=cid, name=str(cid)[:8], creator=writer.pubkey, visibility="private"
-        )
-    channels.member_put(community=community, channel_uuid=source, actor=None, pubkey=source_reader.pubkey)
+    writer, source_reader = signers(2)
+    community = make_community(HOST, "Replay", members=[writer, source_reader])
+    source = make_channel(community, writer, visibility="private", members=[source_reader])
+    dest = make_channel(community, writer, visibility="private")
     return World(writer, source_reader, source, dest, community.relay_pubkey)
-
-
-def revision(signer: Signer, d: uuid.UUID, h: uuid.UUID, op: str, prev: str | None = None) -> dict[str, Any]:
-    tags = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", "buzz.task"], ["title", "Secret plan"], ["op", op]]
-    if prev:
-        tags.append(["prev", prev])
-    return signer.sign_event(kind=45010, tags=tags, content='{"v":1}').to_dict()
 
 
 async def stored(client: RelayClient, sub: str, flt: dict[str, Any]) -> list[dict[str, Any]]:
@@ -66,13 +52,13 @@ async def test_move_is_recovered_by_replaying_each_channel(world: World, relay_f
     async with RelayClient.connect(relay.ws_url, host=HOST) as w, RelayClient.connect(relay.ws_url, host=HOST) as r:
         assert (await w.auth(world.writer))[2] is True
         assert (await r.auth(world.source_reader))[2] is True
-        create = revision(world.writer, d, world.source, "create")
+        create = revision(world.writer, d=d, h=world.source, title="Secret plan")
         await w.send_json(["EVENT", create])
         assert (await w.expect("OK"))[2] is True
         # The source reader is live on the source channel before the move.
         await r.send_json(["REQ", "live", {"#h": [str(world.source)], "kinds": [45011]}])
         await r.expect("EOSE", where=lambda m: m[1] == "live")
-        move = revision(world.writer, d, world.dest, "move", prev=create["id"])
+        move = revision(world.writer, d=d, h=world.dest, op="move", prev=create["id"], title="Secret plan")
         await w.send_json(["EVENT", move])
         assert (await w.expect("OK", where=lambda m: m[1] == move["id"]))[2] is True
 

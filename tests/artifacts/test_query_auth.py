@@ -12,7 +12,6 @@ import asyncio
 import base64
 import datetime as dt
 import hashlib
-import http.client as httpclient
 import json
 import secrets
 import time
@@ -23,14 +22,13 @@ from typing import Any
 
 import pytest
 
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import token_create, token_revoke
 from buzz.models import Community
 from buzz.nostr import Signer
 from tests.artifacts.query_model import Author, Channel, World
-from tests.support.chat_support import publish
+from tests.support.factories import make_channel, make_community, signers
 from tests.support.relay import RelayProcess, relays_key
+from tests.support.wire import publish, raw_request
 from tests.support.wsclient import RelayClient
 
 # The test database must exist; the tests only read the module's committed data through the relay.
@@ -77,21 +75,11 @@ def header(
     return "Nostr " + base64.b64encode(json.dumps(event).encode()).decode()
 
 
-def _raw(relay: RelayProcess, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
-    conn = httpclient.HTTPConnection(relay.host, relay.port, timeout=10)
-    try:
-        conn.request("POST", path, body=body, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
 async def send(env: Env, authorization: str | None, path: str = "/query", body: bytes = FILTER) -> tuple[int, Any]:
     headers = {"Host": HOST, "Content-Type": "application/json"}
     if authorization is not None:
         headers["Authorization"] = authorization
-    status, raw = await asyncio.to_thread(_raw, env.relay, path, headers, body)
+    status, raw = await asyncio.to_thread(raw_request, env.relay, "POST", path, headers, body)
     return status, json.loads(raw)
 
 
@@ -107,14 +95,10 @@ def bearer(env: Env, name: str) -> str:
 
 
 def _setup() -> tuple[Env, list[int]]:
-    community = community_create(host=HOST, name="Query auth")
-    w, alice, outsider = Signer.generate(), Signer.generate(), Signer.generate()
-    for s in (w, alice):
-        member_add(community=community, pubkey=s.pubkey)
-    o, p = uuid.uuid4(), uuid.uuid4()
-    channels.channel_create(community=community, channel_uuid=o, name="o", creator=w.pubkey)
-    channels.channel_create(community=community, channel_uuid=p, name="p", creator=w.pubkey, visibility="private")
-    channels.member_put(community=community, channel_uuid=p, actor=None, pubkey=alice.pubkey)
+    w, alice, outsider = signers(3)
+    community = make_community(HOST, "Query auth", members=[w, alice])
+    o = make_channel(community, w, name="o")
+    p = make_channel(community, w, visibility="private", name="p", members=[alice])
     read = ["messages:read"]
     issued = {
         "read": token_create(community=community, pubkey=alice.pubkey, scopes=read),

@@ -13,7 +13,6 @@ the ordinary relay succeed, so the 503 is the budget's doing.
 from __future__ import annotations
 
 import asyncio
-import http.client as httpclient
 import json
 import uuid
 from collections.abc import Iterator
@@ -23,13 +22,12 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
 from buzz.models import Community
 from buzz.nostr import Signer
 from tests.artifacts.query_model import Author, Channel, World
-from tests.support.chat_support import nip98, publish
+from tests.support.factories import make_channel, make_community, nip98
 from tests.support.relay import RelayProcess, relays_key
+from tests.support.wire import publish, raw_request
 from tests.support.wsclient import RelayClient
 
 # The test database must exist; the tests only read the module's committed data through the relays.
@@ -54,23 +52,13 @@ class Env:
     edge_id: str  # the revision carrying tags at the envelope's name and value limits
 
 
-def _raw(relay: RelayProcess, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
-    conn = httpclient.HTTPConnection(relay.host, relay.port, timeout=30)
-    try:
-        conn.request(method, path, body=body or None, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
 async def post(relay: RelayProcess, signer: Signer, body: bytes, path: str = "/query", host: str = HOST) -> Any:
     headers = {
         "Host": host,
         "Content-Type": "application/json",
         "Authorization": nip98(signer, host, "POST", path, body),
     }
-    status, raw = await asyncio.to_thread(_raw, relay, "POST", path, headers, body)
+    status, raw = await asyncio.to_thread(raw_request, relay, "POST", path, headers, body, 30)
     return status, json.loads(raw)
 
 
@@ -82,7 +70,7 @@ async def run(env: Env, filt: Any, path: str = "/query") -> tuple[int, Any]:
 
 async def nip11(relay: RelayProcess, host: str = HOST) -> dict[str, Any]:
     status, raw = await asyncio.to_thread(
-        _raw, relay, "GET", "/", {"Host": host, "Accept": "application/nostr+json"}, b""
+        raw_request, relay, "GET", "/", {"Host": host, "Accept": "application/nostr+json"}, b"", 30
     )
     assert status == 200, raw
     doc: dict[str, Any] = json.loads(raw)
@@ -129,10 +117,8 @@ def _setup() -> tuple[Signer, str, str]:
     w = Signer.generate()
     ids = []
     for host in (HOST, BULK_HOST):
-        community = community_create(host=host, name=host)
-        member_add(community=community, pubkey=w.pubkey)
-        cid = uuid.uuid4()
-        channels.channel_create(community=community, channel_uuid=cid, name="main", creator=w.pubkey)
+        community = make_community(host, members=[w])
+        cid = make_channel(community, w, name="main")
         ids.append(str(cid))
         if host == BULK_HOST:
             # One transaction: the head pointer and its revision row refer to each other (deferred FK).

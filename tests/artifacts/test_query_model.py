@@ -21,7 +21,6 @@ revisions the model evaluates, in order, and POST /count the model's count; refu
 from __future__ import annotations
 
 import asyncio
-import http.client as httpclient
 import itertools
 import json
 import uuid
@@ -37,8 +36,9 @@ from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import token_create
 from buzz.nostr import Signer
 from tests.artifacts.query_model import Author, Channel, Denied, Reader, World, count, default_scope, evaluate
-from tests.support.chat_support import nip98, publish
+from tests.support.factories import nip98
 from tests.support.relay import RelayProcess
+from tests.support.wire import publish, raw_request
 from tests.support.wsclient import RelayClient
 
 KINDS = ("open", "unlisted", "private", "dm")
@@ -315,16 +315,9 @@ def _finish(plan: Plan, ex: Example, community_host: str) -> None:
 
 def _post(relay: RelayProcess, host: str, who: Signer | str, path: str, body: bytes) -> tuple[int, Any]:
     authorization = nip98(who, host, "POST", path, body) if isinstance(who, Signer) else f"Bearer {who}"
-    conn = httpclient.HTTPConnection(relay.host, relay.port, timeout=20)
-    try:
-        conn.request(
-            "POST", path, body=body, headers={"Host": host, "Content-Type": "application/json",
-                                              "Authorization": authorization},
-        )  # fmt: skip
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
+    headers = {"Host": host, "Content-Type": "application/json", "Authorization": authorization}
+    status, raw = raw_request(relay, "POST", path, headers, body, 20)
+    return status, json.loads(raw)
 
 
 def _expected(ex: Example, reader: Reader, filt: dict[str, Any], path: str) -> tuple[int, Any]:

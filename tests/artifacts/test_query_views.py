@@ -18,7 +18,6 @@ Channels: O open listed, U open unlisted, P1 and P2 private, X open listed then 
 from __future__ import annotations
 
 import asyncio
-import http.client as httpclient
 import json
 import uuid
 from collections.abc import Iterator
@@ -29,13 +28,12 @@ import pytest
 from django.db import connection
 
 from buzz.chat import bans, channels
-from buzz.identity.communities import community_create, member_add
-from buzz.identity.tokens import token_create
 from buzz.models import Community
 from buzz.nostr import Signer
 from tests.artifacts.query_model import Author, Channel, World
-from tests.support.chat_support import nip98, publish
+from tests.support.factories import make_channel, make_community, make_token, nip98, signers
 from tests.support.relay import RelayProcess, relays_key
+from tests.support.wire import publish, raw_request
 from tests.support.wsclient import RelayClient
 
 # The test database must exist (pytest-django sets it up for tests that use it). Each test only reads
@@ -67,16 +65,6 @@ class Env:
 # --- HTTP ------------------------------------------------------------------------------
 
 
-def _raw(relay: RelayProcess, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
-    conn = httpclient.HTTPConnection(relay.host, relay.port, timeout=10)
-    try:
-        conn.request("POST", path, body=body, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
 async def post_raw(relay: RelayProcess, who: Signer | str, path: str, body: bytes) -> tuple[int, bytes]:
     """POST with NIP-98 (a Signer) or a bearer token (a str). (status, raw body)."""
     headers = {"Host": HOST, "Content-Type": "application/json"}
@@ -84,7 +72,7 @@ async def post_raw(relay: RelayProcess, who: Signer | str, path: str, body: byte
         headers["Authorization"] = nip98(who, HOST, "POST", path, body)
     else:
         headers["Authorization"] = f"Bearer {who}"
-    return await asyncio.to_thread(_raw, relay, path, headers, body)
+    return await asyncio.to_thread(raw_request, relay, "POST", path, headers, body)
 
 
 async def view(env: Env, who: str, filt: dict[str, Any], path: str = "/query") -> tuple[int, Any]:
@@ -120,10 +108,8 @@ async def labels(env: Env, who: str, filt: dict[str, Any]) -> set[str]:
 
 
 def _build_people() -> tuple[Env, Community]:
-    community = community_create(host=HOST, name="Query views")
-    w, alice, bob, carol, dave, eve = (Signer.generate() for _ in range(6))
-    for s in (w, alice, bob, carol, dave, eve):
-        member_add(community=community, pubkey=s.pubkey)
+    w, alice, bob, carol, dave, eve = signers(6)
+    community = make_community(HOST, "Query views", members=[w, alice, bob, carol, dave, eve])
     world = World()
     ch: dict[str, str] = {}
     spec = {
@@ -134,17 +120,14 @@ def _build_people() -> tuple[Env, Community]:
         "X": ("open", True),
     }
     for name, (visibility, listed) in spec.items():
-        cid = uuid.uuid4()
-        channels.channel_create(
-            community=community, channel_uuid=cid, name=name, creator=w.pubkey, visibility=visibility, listed=listed
-        )
+        cid = make_channel(community, w, name=name, visibility=visibility, listed=listed)
         ch[name] = str(cid)
         world.channels[str(cid)] = Channel(str(cid), visibility, listed, members={w.pubkey})
     for who, names in ((alice, ["P1"]), (bob, ["P2", "U"]), (dave, ["P1"]), (eve, ["P1"])):
         for n in names:
             channels.member_put(community=community, channel_uuid=uuid.UUID(ch[n]), actor=None, pubkey=who.pubkey)
             world.channels[ch[n]].members.add(who.pubkey)
-    token = token_create(community=community, pubkey=dave.pubkey, scopes=["messages:read"], channels=[ch["O"]]).token
+    token = make_token(community, dave, ["messages:read"], channels=[ch["O"]])
     bans.ban_add(community=community, pubkey=eve.pubkey)
     readers: dict[str, Signer | str] = {"W": w, "alice": alice, "bob": bob, "carol": carol, "dave": token, "eve": eve}
     env = Env(relay=None, world=world, w=w, readers=readers, ch=ch)  # type: ignore[arg-type]

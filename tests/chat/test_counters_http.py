@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from buzz.chat import bans, channels
-from buzz.identity.communities import community_create, member_add
-from buzz.identity.tokens import token_create
+from buzz.chat import bans
 from buzz.models import Community, Mention, StoredEvent
 from buzz.nostr import Signer
-from tests.support.chat_support import NOT_A_MEMBER, _request, http, message, nip98, publish, query, stored
+from tests.support.factories import NOT_A_MEMBER, make_channel, make_community, make_token, message, nip98, signers
+from tests.support.records import stored
+from tests.support.wire import http, publish, query, request
 from tests.support.wsclient import RelayClient
 
 HOST = "counters.test"
@@ -40,19 +40,12 @@ class Team:
 
 @pytest.fixture
 def team(transactional_db: None) -> Team:
-    community = community_create(host=HOST, name="Counters")
-    alice, bob, carol = Signer.generate(), Signer.generate(), Signer.generate()
-    for s in (alice, bob, carol):
-        member_add(community=community, pubkey=s.pubkey)
-    private, open_ch = uuid.uuid4(), uuid.uuid4()
-    channels.channel_create(
-        community=community, channel_uuid=private, name="p", creator=alice.pubkey, visibility="private"
-    )
-    channels.channel_create(community=community, channel_uuid=open_ch, name="o", creator=alice.pubkey)
-    for ch in (private, open_ch):
-        channels.member_put(community=community, channel_uuid=ch, actor=None, pubkey=bob.pubkey)
-    rw = token_create(community=community, pubkey=bob.pubkey, scopes=["messages:read", "messages:write"]).token
-    noread = token_create(community=community, pubkey=bob.pubkey, scopes=["channels:read"]).token
+    alice, bob, carol = signers(3)
+    community = make_community(HOST, "Counters", members=[alice, bob, carol])
+    private = make_channel(community, alice, visibility="private", name="p", members=[bob])
+    open_ch = make_channel(community, alice, name="o", members=[bob])
+    rw = make_token(community, bob, ["messages:read", "messages:write"])
+    noread = make_token(community, bob, ["channels:read"])
     return Team(community, alice, bob, carol, private, open_ch, rw, noread)
 
 
@@ -226,13 +219,13 @@ async def test_counter_endpoints_need_a_reading_credential(team: Team, relay_fac
     # A NIP-98 authorization is good for one request.
     header = nip98(t.bob, HOST, "GET", counts)
     headers = {"Host": HOST, "Authorization": header}
-    first = await sync_to_async(_request, thread_sensitive=False)(relay, "GET", counts, headers, b"")
-    again = await sync_to_async(_request, thread_sensitive=False)(relay, "GET", counts, headers, b"")
+    first = await sync_to_async(request, thread_sensitive=False)(relay, "GET", counts, headers, b"")
+    again = await sync_to_async(request, thread_sensitive=False)(relay, "GET", counts, headers, b"")
     assert first[0] == 200
     assert again == (401, {"error": "auth-required: this authorization event was already used"})
     # Signed for another path: refused.
     wrong = {"Host": HOST, "Authorization": nip98(t.bob, HOST, "GET", "/api/unread")}
-    status, body = await sync_to_async(_request, thread_sensitive=False)(relay, "GET", counts, wrong, b"")
+    status, body = await sync_to_async(request, thread_sensitive=False)(relay, "GET", counts, wrong, b"")
     assert status == 401 and "u tag" in body["error"]
 
 

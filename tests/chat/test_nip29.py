@@ -18,10 +18,11 @@ from asgiref.sync import sync_to_async
 
 from buzz.chat import channels
 from buzz.chat.channels import ChannelError
-from buzz.identity.communities import community_create, member_add
 from buzz.models import Channel, ChannelStats, Community, Membership, StoredEvent
 from buzz.nostr import Signer, parse_event, verify_event
-from tests.support.chat_support import NOT_A_MEMBER, message, publish, query, signed, stored
+from tests.support.factories import NOT_A_MEMBER, make_channel, make_community, message, signed, signers
+from tests.support.records import stored
+from tests.support.wire import publish, query
 from tests.support.wsclient import RelayClient
 
 HOST = "nip29.test"
@@ -40,18 +41,10 @@ class Crew:
 
 
 def make_crew() -> Crew:
-    community = community_create(host=HOST, name="NIP-29")
-    owner, admin, member, outsider = (Signer.generate() for _ in range(4))
-    for s in (owner, admin, member, outsider):
-        member_add(community=community, pubkey=s.pubkey)
-    open_ch, private_ch = uuid.uuid4(), uuid.uuid4()
-    channels.channel_create(community=community, channel_uuid=open_ch, name="open", creator=owner.pubkey)
-    channels.channel_create(
-        community=community, channel_uuid=private_ch, name="private", creator=owner.pubkey, visibility="private"
-    )
-    for ch in (open_ch, private_ch):
-        channels.member_put(community=community, channel_uuid=ch, actor=None, pubkey=admin.pubkey, role="admin")
-        channels.member_put(community=community, channel_uuid=ch, actor=None, pubkey=member.pubkey)
+    owner, admin, member, outsider = signers(4)
+    community = make_community(HOST, "NIP-29", members=[owner, admin, member, outsider])
+    open_ch = make_channel(community, owner, name="open", admins=[admin], members=[member])
+    private_ch = make_channel(community, owner, visibility="private", name="private", admins=[admin], members=[member])
     return Crew(community, owner, admin, member, outsider, open_ch, private_ch)
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
-from tests.support.chat_support import http, message, publish, stored
+from tests.support.factories import make_channel, make_community, message, signers
+from tests.support.records import stored
+from tests.support.wire import http, publish
 from tests.support.wsclient import RelayClient
 
 HOST = "quotas.test"
@@ -34,13 +34,9 @@ class Room:
 
 @pytest.fixture
 def room(transactional_db: None, redis_flush: Any) -> Room:
-    community = community_create(host=HOST, name="Quotas")
-    writer, other = Signer.generate(), Signer.generate()
-    for s in (writer, other):
-        member_add(community=community, pubkey=s.pubkey)
-    ch = uuid.uuid4()
-    channels.channel_create(community=community, channel_uuid=ch, name="q", creator=writer.pubkey)
-    channels.member_put(community=community, channel_uuid=ch, actor=None, pubkey=other.pubkey)
+    writer, other = signers(2)
+    community = make_community(HOST, "Quotas", members=[writer, other])
+    ch = make_channel(community, writer, name="q", members=[other])
     return Room(writer, other, ch)
 
 

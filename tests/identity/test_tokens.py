@@ -21,12 +21,12 @@ from django.core.management import call_command
 from django.utils import timezone
 from websockets.exceptions import InvalidStatus
 
-from buzz.chat import channels
-from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import hash_token, token_create, token_revoke
 from buzz.models import ApiToken, Channel, Community
 from buzz.nostr import Signer
-from tests.support.chat_support import TOKEN_INVALID, http, message, publish, query, signed, stored
+from tests.support.factories import TOKEN_INVALID, make_channel, make_community, message, signed, signers
+from tests.support.records import stored
+from tests.support.wire import http, publish, query
 from tests.support.wsclient import RelayClient
 
 HOST = "tokens.test"
@@ -45,16 +45,9 @@ class Desk:
 
 @pytest.fixture
 def desk(transactional_db: None) -> Desk:
-    community = community_create(host=HOST, name="Tokens")
-    dana, eve = Signer.generate(), Signer.generate()
-    for s in (dana, eve):
-        member_add(community=community, pubkey=s.pubkey)
-    a, b = uuid.uuid4(), uuid.uuid4()
-    for ch in (a, b):
-        channels.channel_create(
-            community=community, channel_uuid=ch, name=str(ch)[:4], creator=dana.pubkey, visibility="private"
-        )
-        channels.member_put(community=community, channel_uuid=ch, actor=None, pubkey=eve.pubkey)
+    dana, eve = signers(2)
+    community = make_community(HOST, "Tokens", members=[dana, eve])
+    a, b = (make_channel(community, dana, visibility="private", members=[eve]) for _ in range(2))
     specs: dict[str, dict[str, Any]] = {
         "rw": {"scopes": RW},
         "read": {"scopes": ["messages:read"]},

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from tests.live.test_live_delivery import (
+from tests.live.live_world import (
     READ_TIMEOUT,
     RELAY_ENV,
     Clients,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.live.test_live_delivery import (
+from tests.live.live_world import (
     RELAY_ENV,
     Clients,
     World,

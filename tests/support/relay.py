@@ -235,3 +235,10 @@ def relay_factory(request: pytest.FixtureRequest, transactional_db: None) -> Ite
     yield start
     for relay in reversed(started):
         relay.stop()
+
+
+async def start_relays(relay_factory: RelayFactory, *envs: Mapping[str, str]) -> list[RelayProcess]:
+    """One relay process per env, started side by side (each on the one test database and Redis)."""
+    import asyncio
+
+    return list(await asyncio.gather(*(asyncio.to_thread(relay_factory, **env) for env in envs)))

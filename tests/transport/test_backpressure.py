@@ -16,10 +16,9 @@ import psycopg
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from buzz.chat import channels
 from buzz.events.store import event_json
-from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
+from tests.support.factories import make_channel, make_community
 from tests.support.relay import relay_database_url
 from tests.support.wsclient import RelayClient
 
@@ -32,10 +31,8 @@ REQS = 30  # each asks for 1000 events: about 60 MB in all
 @pytest.fixture
 def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
     reader = Signer.generate()
-    community = community_create(host=HOST, name="Slow")
-    member_add(community=community, pubkey=reader.pubkey)
-    channel = uuid.uuid4()
-    channels.channel_create(community=community, channel_uuid=channel, name="firehose", creator=reader.pubkey)
+    community = make_community(HOST, "Slow", members=[reader])
+    channel = make_channel(community, reader, name="firehose")
     writer = Signer.generate()
     now = int(time.time())
     rows = []
