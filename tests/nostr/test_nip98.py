@@ -303,6 +303,12 @@ def test_id_mismatch() -> None:
 
 
 def test_replay_is_the_callers_job() -> None:
-    # The same header verifies twice; the caller refuses the second by event_id.
-    value = header()
-    assert verify(value).event_id == verify(value).event_id
+    """verify_http_auth keeps no state: the same signed event is accepted every time it is shown, with the
+    event id a caller needs to refuse a second use. The HTTP layer does refuse it (buzz.identity.httpauth):
+    tests/identity/test_httpauth.py::test_a_nip98_authorization_is_accepted_once, and over a relay
+    tests/chat/test_counters_http.py::test_counter_endpoints_need_a_reading_credential and
+    tests/artifacts/test_artifact_http.py::test_post_events_statuses_and_ws_texts."""
+    d = event_dict()
+    value = header_for(d)
+    expected = HttpAuth(pubkey=SIGNER.pubkey, event_id=d["id"], created_at=NOW)
+    assert [verify(value), verify(value), verify(value, now=NOW + 30)] == [expected, expected, expected]
