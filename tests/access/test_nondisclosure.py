@@ -20,7 +20,7 @@ from buzz.nostr import Signer
 from tests.support.factories import NOT_A_MEMBER, make_channel, make_community, message, signed, signers
 from tests.support.records import stored
 from tests.support.wire import http, publish, query
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 
 HOST = "oracle.test"
 
@@ -100,7 +100,7 @@ async def test_ws_req_and_count_answer_missing_and_unreadable_channels_alike(pro
             end, events = await query(client, f"q{i}", {"#h": [ch]})
             assert (end, events) == (["CLOSED", f"q{i}", NOT_A_MEMBER], [])
             await client.send_json(["COUNT", f"c{i}", {"#h": [ch]}])
-            reply = await client.expect("CLOSED", where=lambda m, s=f"c{i}": m[1] == s)
+            reply = await client.expect("CLOSED", where=naming(f"c{i}"))
             assert reply == ["CLOSED", f"c{i}", NOT_A_MEMBER]
 
 

@@ -26,7 +26,7 @@ from buzz.models import Community, Mention, StoredEvent
 from buzz.nostr import Signer
 from tests.support.factories import make_channel, make_community, make_token, nip98_url, revision, signed, signers
 from tests.support.wire import Logins, http, publish
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 
 HOST = "artifact-http.test"
 NO_QUOTA = {"BUZZ_WRITES_PER_SECOND": "0"}
@@ -195,7 +195,7 @@ async def test_quota_and_size_limits_apply(world: World, relay_factory: Any, red
         events = [revision(world.alice, d=uuid.uuid4(), h=world.private) for _ in range(3)]
         for e in events:
             await alice_ws.send_json(["EVENT", e])
-        replies = [await alice_ws.expect("OK", where=lambda m, i=e["id"]: m[1] == i) for e in events]
+        replies = [await alice_ws.expect("OK", where=naming(e["id"])) for e in events]
         assert [r[2:] for r in replies] == [[True, ""], [True, ""], [False, RATE_LIMITED]], replies
         assert (await stored_state())["revisions"] == before["revisions"] + 2
         # HTTP: carol's own bucket; three quick requests, one 429 with the same text.

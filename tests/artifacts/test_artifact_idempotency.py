@@ -32,7 +32,7 @@ from buzz.nostr import Signer
 from tests.support.factories import make_channel, make_community, revision, signers
 from tests.support.relay import start_relays
 from tests.support.wire import logged_in, publish
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 
 HOST = "idempotent.test"
 RELAY_ENV = {"BUZZ_WRITES_PER_SECOND": "0"}
@@ -191,9 +191,7 @@ async def test_concurrent_resubmissions_of_one_event(world: World, relay_factory
             for event in chain:
                 frame = json.dumps(["EVENT", event])
                 await asyncio.gather(*(c.ws.send(frame) for c in clients))
-                replies = await asyncio.gather(
-                    *(c.expect("OK", where=lambda m, i=event["id"]: m[1] == i) for c in clients)
-                )
+                replies = await asyncio.gather(*(c.expect("OK", where=naming(event["id"])) for c in clients))
                 answers = sorted((r[2], r[3].split(":")[0]) for r in replies)
                 want = sorted([(True, "")] + [(True, "duplicate")] * (len(clients) - 1))
                 assert answers == want, (round_no, event["tags"][-2:], replies)

@@ -28,7 +28,7 @@ from buzz.nostr import Event, Signer, parse_event, verify_event
 from tests.support.factories import make_channel, make_community, revision, signers
 from tests.support.relay import start_relays
 from tests.support.wire import publish
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 
 HOST = "races.test"
 WRITERS = 50
@@ -62,10 +62,7 @@ async def race(clients: list[RelayClient], events: list[dict[str, Any]]) -> list
     await asyncio.gather(*(c.ws.send(f) for c, f in zip(clients, frames, strict=True)))
     return list(
         await asyncio.gather(
-            *(
-                c.expect("OK", TIMEOUT, where=lambda m, i=e["id"]: len(m) > 1 and m[1] == i)
-                for c, e in zip(clients, events, strict=True)
-            )
+            *(c.expect("OK", TIMEOUT, where=naming(e["id"])) for c, e in zip(clients, events, strict=True))
         )
     )
 

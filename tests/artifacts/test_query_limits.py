@@ -253,7 +253,7 @@ async def test_total_predicate_bytes(env: Env, bounds: dict[str, int], fill: str
     # One name byte plus values up to the total, each within the value bound. Filled with a control
     # character, every byte is a six-character escape in the JSON body: still a filter within the limits.
     left = total - 1
-    values = []
+    values: list[str] = []
     while left:
         n = min(value_max, left)
         values.append(f"{len(values):04d}".ljust(n, fill))

@@ -109,7 +109,7 @@ def test_creator_becomes_owner_and_relay_signs_the_state_events(crew_db: Crew) -
 
 def test_state_events_follow_membership_and_metadata_changes(crew_db: Crew) -> None:
     c = crew_db
-    kw = {"community": c.community, "channel_uuid": c.open}
+    kw: dict[str, Any] = {"community": c.community, "channel_uuid": c.open}
     channels.member_put(**kw, actor=c.owner.pubkey, pubkey=c.outsider.pubkey)
     assert roster(state(c.open, 39002)[0])[c.outsider.pubkey] == "member"
     channels.member_remove(**kw, actor=c.owner.pubkey, pubkey=c.outsider.pubkey)
@@ -131,7 +131,7 @@ def test_each_state_change_gets_a_newer_created_at(crew_db: Crew) -> None:
     """Addressable events: a client keeps the newest. Two changes in one second must not tie
     (a tie goes to the lower id, which may be the stale one)."""
     c = crew_db
-    kw = {"community": c.community, "channel_uuid": c.open}
+    kw: dict[str, Any] = {"community": c.community, "channel_uuid": c.open}
     seen = [state(c.open, 39002)[0]["created_at"]]
     for _ in range(3):
         channels.member_put(**kw, actor=None, pubkey=c.outsider.pubkey)
@@ -145,7 +145,7 @@ def test_each_state_change_gets_a_newer_created_at(crew_db: Crew) -> None:
 
 def test_last_owner_cannot_be_demoted_removed_or_leave(crew_db: Crew) -> None:
     c = crew_db
-    kw = {"community": c.community, "channel_uuid": c.open}
+    kw: dict[str, Any] = {"community": c.community, "channel_uuid": c.open}
     refused(
         lambda: channels.member_put(**kw, actor=None, pubkey=c.owner.pubkey, role="admin"),
         "invalid: the last owner can't be demoted",
@@ -173,8 +173,8 @@ def test_last_owner_cannot_be_demoted_removed_or_leave(crew_db: Crew) -> None:
 
 def test_channel_roles_decide_who_adds_and_removes(crew_db: Crew) -> None:
     c = crew_db
-    priv = {"community": c.community, "channel_uuid": c.private}
-    opn = {"community": c.community, "channel_uuid": c.open}
+    priv: dict[str, Any] = {"community": c.community, "channel_uuid": c.private}
+    opn: dict[str, Any] = {"community": c.community, "channel_uuid": c.open}
     refused(
         lambda: channels.member_put(**priv, actor=c.member.pubkey, pubkey=c.outsider.pubkey),
         "restricted: only owners and admins add members to a private channel",
@@ -220,7 +220,7 @@ def test_dm_participants_are_fixed(crew_db: Crew) -> None:
     row = Channel.objects.get(uuid=dm)
     assert (row.visibility, row.listed) == ("private", False)
     assert {m.pubkey for m in channels.active_members(row)} == {c.owner.pubkey, c.member.pubkey}
-    kw = {"community": c.community, "channel_uuid": dm}
+    kw: dict[str, Any] = {"community": c.community, "channel_uuid": dm}
     refused(
         lambda: channels.member_put(**kw, actor=None, pubkey=c.outsider.pubkey),
         "invalid: a DM's participants can't change",
@@ -239,7 +239,7 @@ def test_dm_participants_are_fixed(crew_db: Crew) -> None:
 
 def test_edit_metadata_rules(crew_db: Crew) -> None:
     c = crew_db
-    kw = {"community": c.community, "channel_uuid": c.open}
+    kw: dict[str, Any] = {"community": c.community, "channel_uuid": c.open}
     channels.channel_edit(**kw, actor=c.member.pubkey, changes={"topic": "lunch", "purpose": "food"})
     assert Channel.objects.get(uuid=c.open).topic == "lunch"
     refused(
@@ -292,7 +292,7 @@ def test_join_is_for_open_channels_only(crew_db: Crew) -> None:
 
 def test_delete_group_is_owner_only_and_drops_state(crew_db: Crew) -> None:
     c = crew_db
-    kw = {"community": c.community, "channel_uuid": c.open}
+    kw: dict[str, Any] = {"community": c.community, "channel_uuid": c.open}
     refused(lambda: channels.channel_delete(**kw, actor=c.admin.pubkey), "restricted: only an owner deletes a channel")
     channels.channel_delete(**kw, actor=c.owner.pubkey)
     assert Channel.objects.get(uuid=c.open).deleted_at is not None

@@ -148,12 +148,12 @@ class RelayProcess:
                 self._terminate()
                 continue
             break
-        log = self.log_text()
+        text = self.log_text()
         assert self.proc is not None
         status = self.proc.poll()
         why = f"exited with status {status}" if status is not None else f"did not listen within {START_TIMEOUT:.0f} s"
         self.stop()
-        raise RuntimeError(f"relay on {self.host}:{self.port} {why}; log:\n{log}")
+        raise RuntimeError(f"relay on {self.host}:{self.port} {why}; log:\n{text}")
 
     def _wait_listening(self) -> bool:
         assert self.proc is not None

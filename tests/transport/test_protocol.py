@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.support.relay import relay_database_url
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 
 HOST = "proto.test"
 OPEN_HOST = "open.test"
@@ -152,7 +152,7 @@ async def test_bad_frames_get_reasons_and_connection_keeps_working(keys: dict[st
         # Subscription limit, and a REQ reusing an open id replaces it instead of counting twice.
         for sub in ("a", "b", "a"):
             await c.send_json(["REQ", sub, {"kinds": [9]}])
-            assert (await c.expect("EOSE", where=lambda m, s=sub: m[1] == s))[1] == sub
+            assert (await c.expect("EOSE", where=naming(sub)))[1] == sub
         await c.send_json(["REQ", "c", {"kinds": [9]}])
         assert await c.expect("CLOSED") == ["CLOSED", "c", "blocked: at most 2 open subscriptions"]
         await c.send_json(["CLOSE", "a"])
