@@ -5,6 +5,7 @@
 PORT ?= 7777
 PYTEST_ARGS ?=
 RUN_ARGS ?=
+SUITE ?=
 BENCH_ARGS ?=
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
@@ -31,7 +32,9 @@ help:
 	@echo "make check                what CI checks before the tests: ruff check, ruff format --check,"
 	@echo "                          import-linter contracts, makemigrations --check, mypy $(MYPY_PATHS)"
 	@echo "make lint                 the same as make check"
-	@echo "make bench                run bench/run_all.py"
+	@echo "make bench                list the benchmark suites"
+	@echo "make bench SUITE=<name> [BENCH_ARGS=...]"
+	@echo "                          run one suite (or all): figures beside same-run baselines, as ratios"
 	@echo "make clean-var            stop leftover embedded servers and delete ./var"
 	@echo "make venv                 create/update .venv only"
 
@@ -61,9 +64,9 @@ check: $(STAMP)
 
 lint: check
 
+# The suites are registered in bench/run.py; without SUITE it lists them.
 bench: $(STAMP)
-	@if [ -f bench/run_all.py ]; then $(PY) bench/run_all.py $(BENCH_ARGS); \
-	else echo "no benchmarks yet (bench/run_all.py is missing)"; fi
+	$(PY) bench/run.py $(SUITE) $(BENCH_ARGS)
 
 clean-var:
 	@if [ -x $(PY) ]; then $(PY) -m buzz.dev.devservices clean var; else rm -rf var; fi
