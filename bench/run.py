@@ -189,16 +189,19 @@ def budget_options(args: Sequence[str]) -> argparse.Namespace:
     return p.parse_known_args(list(args))[0]
 
 
-def run_suite(suite: Suite, runs: int, args: Sequence[str], env: dict[str, str]) -> Rounds:
-    options = budget_options(args)
+def run_suite(
+    suite: Suite, runs: int, args: Sequence[str], env: dict[str, str], seconds: float | None = None
+) -> Rounds:
+    """`runs` rounds of the suite's steps; `seconds` (from `all --seconds`) goes to the steps that take it."""
     rounds: Rounds = []
     for i in range(runs):
         if runs > 1:
             print(f"\n##### {suite.name}: round {i + 1} of {runs}", flush=True)
         results: dict[str, dict[str, Any]] = {}
         for step in suite.steps:
+            step_args = [*args, *(["--seconds", f"{seconds:g}"] if seconds and step.takes_seconds else [])]
             print(flush=True)
-            results[step.key] = run_script(step, args, env, step.timeout(options))
+            results[step.key] = run_script(step, step_args, env, step.timeout(budget_options(step_args)))
         rounds.append(results)
     return rounds
 
@@ -283,10 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         env = common.service_env(stack)
         for suite in chosen:
-            args = passed
-            if name == ALL:
-                args = ["--seconds", f"{opts.seconds:g}"] if opts.seconds and suite.steps[0].takes_seconds else []
-            done.append((suite, run_suite(suite, opts.runs or suite.runs, args, env)))
+            seconds = opts.seconds if name == ALL else None
+            done.append((suite, run_suite(suite, opts.runs or suite.runs, passed, env, seconds)))
 
     failed: list[str] = []
     for suite, rounds in done:
