@@ -969,7 +969,7 @@ def proc_times(pid: int) -> dict[str, float]:
     return out
 
 
-# --- added for bench/artifact_writes.py and bench/query_current.py (issue 45) ---------------------
+# --- for bench/artifact_writes.py and bench/query_current.py -------------------------------------
 
 
 class ServerLog:

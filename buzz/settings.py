@@ -3,12 +3,19 @@
 The environment is read here and nowhere else. Outside dev mode every secret and
 every connection string is required: a missing one stops start-up instead of
 falling back to something unsafe.
+
+A missing or malformed variable raises ConfigurationError. Left uncaught (manage.py,
+uvicorn loading buzz.asgi, python -m buzz.dev.serve), it prints one line that says what
+to set, instead of a traceback; every other exception keeps its traceback.
 """
 
 from __future__ import annotations
 
 import secrets
+import sys
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import django_stubs_ext
 import environ
@@ -19,15 +26,79 @@ django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-env = environ.Env()
+
+class ConfigurationError(ImproperlyConfigured):
+    """The environment lacks a setting, or has one in the wrong form. The message says what to set."""
+
+    # Read by the excepthook below (a marker, not the class: a second import makes a new class).
+    buzz_configuration_error = True
+
+
+def _report_in_one_line(
+    kind: type[BaseException], exc: BaseException, tb: TracebackType | None, *, previous: Any
+) -> None:
+    if getattr(exc, "buzz_configuration_error", False):
+        print(f"configuration error: {exc}", file=sys.stderr)
+    else:
+        previous(kind, exc, tb)
+
+
+def _config_error(message: str) -> ConfigurationError:
+    """The error to raise; if nothing catches it, the process prints just its message and exits 1."""
+    if not getattr(sys.excepthook, "buzz_one_line", False):
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            _report_in_one_line(kind, exc, tb, previous=previous)
+
+        hook.buzz_one_line = True  # type: ignore[attr-defined]
+        sys.excepthook = hook
+    return ConfigurationError(message)
+
+
+class _Env(environ.Env):  # type: ignore[misc]
+    """django-environ, with a value that doesn't parse (BUZZ_MAX_LIMIT=abc) reported as a ConfigurationError."""
+
+    def get_value(
+        self, var: str, cast: Any = None, default: Any = environ.Env.NOTSET, parse_default: bool = False
+    ) -> Any:
+        try:
+            return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
+        except ValueError:
+            kind = {int: "an integer", float: "a number"}.get(cast, f"a valid {getattr(cast, '__name__', 'value')}")
+            raise _config_error(f"{var} must be {kind}, not {self.ENVIRON.get(var, '')!r}") from None
+
+
+env = _Env()
 
 DEV_MODE: bool = env.bool("BUZZ_DEV", default=False)
+
+# Without these the relay does not start; outside dev mode, the secret and the host names too.
+# All the missing ones are named at once, so a fresh deployment is fixed in one try.
+_WHAT_TO_SET = {
+    "SECRET_KEY": "a long random string",
+    "ALLOWED_HOSTS": "the relay's host names, comma-separated",
+    "DATABASE_URL": "e.g. postgres://buzz@127.0.0.1:5432/buzz",
+    "REDIS_URL": "e.g. redis://127.0.0.1:6379/0",
+}
+_missing = [
+    name
+    for name in _WHAT_TO_SET
+    if (not DEV_MODE or name.endswith("_URL")) and not env.str(name, default="").strip(", ")
+]
+if _missing:
+    raise _config_error(
+        "set "
+        + ", ".join(f"{name} ({_WHAT_TO_SET[name]})" for name in _missing)
+        + " in the environment"
+        + ("" if DEV_MODE else " (required outside dev mode, BUZZ_DEV=1; .env.example lists them)")
+    )
 
 
 def _required(name: str) -> str:
     value = env.str(name, default="")
     if not value:
-        raise ImproperlyConfigured(f"{name} must be set (BUZZ_DEV is off, so there is no default)")
+        raise _config_error(f"set {name} in the environment (BUZZ_DEV is off, so there is no default)")
     return value
 
 
@@ -38,7 +109,9 @@ else:
     SECRET_KEY = _required("SECRET_KEY")
     ALLOWED_HOSTS = [h for h in env.list("ALLOWED_HOSTS", default=[]) if h]
     if not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS:
-        raise ImproperlyConfigured("ALLOWED_HOSTS must list the relay's host names outside dev mode")
+        raise _config_error(
+            "set ALLOWED_HOSTS to the relay's host names, comma-separated: * is refused outside dev mode"
+        )
 
 DEBUG: bool = DEV_MODE and env.bool("DJANGO_DEBUG", default=False)
 
@@ -85,11 +158,15 @@ ASGI_APPLICATION = "buzz.asgi.application"
 
 # `make run` and the test suite start embedded servers and set these when they are unset.
 DATABASE_URL = _required("DATABASE_URL")
+if DATABASE_URL.partition("://")[0] not in ("postgres", "postgresql", "pgsql"):
+    raise _config_error("set DATABASE_URL to a PostgreSQL URL, e.g. postgres://buzz@127.0.0.1:5432/buzz")
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="test_buzz")}
 
 REDIS_URL: str = _required("REDIS_URL")
+if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise _config_error("set REDIS_URL to a Redis URL, e.g. redis://127.0.0.1:6379/0")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -2,7 +2,7 @@
 tests/support/environment.py, which pytest loads as a plugin before Django's settings.
 
 Database: pytest-django creates the test database (settings TEST NAME, test_buzz) for
-tests that ask for `db` / `transactional_db`; tests under tests/unit ask for neither.
+tests that ask for `db` / `transactional_db`; pure unit tests ask for neither.
 """
 
 from __future__ import annotations

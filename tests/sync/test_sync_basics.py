@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from buzz.chat import channels
-from tests.db.chat_support import http
+from tests.support.wire import http
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, revision, write
 

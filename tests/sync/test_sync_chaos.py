@@ -36,7 +36,7 @@ def params_from_env() -> ChaosParams:
     return p
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(int(os.environ.get("CHAOS_TIMEOUT", "900")))
 async def test_sync_chaos_has_no_silent_divergence(world: World, relay_factory: Any) -> None:
     params = params_from_env()
     with own_redis() as (redis_url, (start_redis, kill_redis)):

@@ -19,6 +19,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ import psycopg
 import pytest
 
 from tests.support.relay import relay_database_url
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 from tests.sync.support import RELAY_ENV, SyncState, World, follow, make_world, open_sync, revision
 
 HOST = "sync-consistency.test"
@@ -70,7 +71,7 @@ async def writer(url: str, world: World, ds: list[uuid.UUID], ops: int, rng: ran
                     target = rng.choice([h for h in homes if str(h) != home]) if op == "move" else home
                     ev = revision(world.owner, d, target, op, prev=prev, tags=[["status", status]])
             await w.send_json(["EVENT", ev])
-            ok = await w.expect("OK", 30.0, where=lambda m, i=ev["id"]: m[1] == i)
+            ok = await w.expect("OK", 30.0, where=naming(ev["id"]))
             assert ok[2] is True, ok
             ledger.ok_at[ev["id"]] = time.monotonic()
             op_tag = next(t[1] for t in ev["tags"] if t[0] == "op")
@@ -78,7 +79,7 @@ async def writer(url: str, world: World, ds: list[uuid.UUID], ops: int, rng: ran
             heads[d] = (ev["id"], home_tag, op_tag == "delete")
 
 
-FILTERS = [
+FILTERS: list[Callable[[World], dict[str, Any]]] = [
     lambda w: {"artifact": "current", "#h": [str(w.a), str(w.b)]},
     lambda w: {"artifact": "current", "#h": [str(w.a)], "#status": ["open"]},
     lambda w: {"artifact": "current", "#h": [str(w.b), str(w.a)], "#status": ["done"], "kinds": [45010]},

@@ -26,11 +26,11 @@ from psycopg import sql
 from websockets.exceptions import ConnectionClosed
 
 from buzz.live.hub import topic_for_channel
+from tests.live.live_world import table_locked, wait_for_lock_waiters
+from tests.live.test_hub_loss import the_hub_connection
 from tests.support.relay import relay_database_url
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, own_redis, revision, write
-from tests.ws.test_hub_loss import the_hub_connection
-from tests.ws.test_live_delivery import table_locked, wait_for_lock_waiters
 
 HOST = "sync-loss.test"
 

@@ -1,13 +1,16 @@
-"""Shared pieces of the operator commands (argument types, community lookup)."""
+"""Shared pieces of the operator commands (argument types, community lookup, printed commands)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import re
+import shlex
 import uuid
 from collections.abc import Callable
 
+from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
 from buzz.identity.communities import community_by_host, normalize_host
@@ -52,3 +55,29 @@ def actions(parser: CommandParser, *, host: bool = True) -> Callable[[str, str],
         return p
 
     return add
+
+
+def manage_command(*args: str) -> str:
+    """`.venv/bin/python manage.py ARGS` as it works pasted into another shell in this checkout.
+
+    In dev mode it carries what that shell would lack: a DATABASE_URL / REDIS_URL that is
+    not one of the embedded servers manage.py finds under var/ by itself (`make run` with
+    the URLs set), BUZZ_REDIS_PREFIX, and then BUZZ_DEV=1. Outside dev mode it carries
+    nothing: the operator's environment is theirs, and a secret is never printed.
+    """
+    words = [".venv/bin/python", "manage.py", *args]
+    if not settings.DEV_MODE:
+        return shlex.join(words)
+    from buzz.dev.devservices import running_urls
+
+    found = running_urls(settings.BASE_DIR / "var")
+    prefix = [
+        f"{name}={os.environ[name]}"
+        for name in ("DATABASE_URL", "REDIS_URL")
+        if os.environ.get(name) and found.get(name) != os.environ[name]
+    ]
+    if os.environ.get("BUZZ_REDIS_PREFIX"):
+        prefix.append(f"BUZZ_REDIS_PREFIX={os.environ['BUZZ_REDIS_PREFIX']}")
+    if prefix:
+        prefix.append("BUZZ_DEV=1")
+    return shlex.join([*prefix, *words])

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from buzz.identity.communities import community_by_host, community_create, member_add, normalize_host
-from buzz.management.commands._common import actions
+from buzz.management.commands._common import actions, manage_command
 from buzz.models import AdmissionMode, Community, RelayRole
 
 
@@ -78,7 +78,8 @@ class Command(BaseCommand):
         if not Community.objects.filter(host=host).exists():
             community_create(host=host, name="Local Buzz", public_url=f"ws://{host}/")
             self.stdout.write(f"created community for {host}")
+        admit = manage_command("community", "add-member", "--host", host) + " <pubkey-hex> --role owner"
+        # The command gets a line of its own, so that it can be copied whole.
         self.stdout.write(
-            f"relay URL: ws://localhost:{port}/  (members only: admit your pubkey with\n"
-            f"  .venv/bin/python manage.py community add-member --host localhost:{port} <pubkey-hex> --role owner)"
+            f"relay URL: ws://localhost:{port}/ (members only). To admit your pubkey, run in this directory:\n  {admit}"
         )

@@ -1,0 +1,88 @@
+"""A configuration error is one line that says what to set, not a traceback: from manage.py, from
+`python -m buzz.dev.serve`, and from uvicorn loading buzz.asgi as production does. Any other
+exception keeps its traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.checkout import DevCheckout, fresh_environment
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+UNREACHABLE = {"DATABASE_URL": "postgres://buzz@127.0.0.1:1/buzz", "REDIS_URL": "redis://127.0.0.1:1/0"}
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` from the checkout, in a fresh environment plus `env`."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=BASE_DIR,
+        env=fresh_environment(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0, result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_manage_py_names_every_missing_setting_in_one_line() -> None:
+    # BUZZ_DEV=0: production settings, so nothing is looked up in var/.
+    line = one_line(run("manage.py", "check", env={"BUZZ_DEV": "0"}))
+    assert line.startswith("configuration error: set SECRET_KEY (")
+    for name in ("SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"):
+        assert name in line
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_MAX_LIMIT": "lots"}, "BUZZ_MAX_LIMIT must be an integer, not 'lots'"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "DATABASE_URL": "mysql://x@y/z"}, "set DATABASE_URL to a PostgreSQL URL"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "REDIS_URL": "127.0.0.1:6379"}, "set REDIS_URL to a Redis URL"),
+        ({**UNREACHABLE, "SECRET_KEY": "k" * 50, "ALLOWED_HOSTS": "*"}, "set ALLOWED_HOSTS to the relay's host names"),
+    ],
+)
+def test_a_malformed_or_missing_setting_is_one_line(env: dict[str, str], expected: str) -> None:
+    line = one_line(run("manage.py", "check", env=env))
+    assert line.startswith("configuration error: ") and expected in line, line
+
+
+def test_manage_py_in_a_checkout_without_make_run_says_to_start_it() -> None:
+    with DevCheckout.create() as checkout:
+        result = checkout.shell(".venv/bin/python manage.py community list")
+    line = one_line(result)
+    assert line.startswith("error: DATABASE_URL and REDIS_URL are not set, and no `make run` is serving this checkout")
+    assert "start `make run` in another shell" in line
+
+
+def test_uvicorn_loading_the_relay_in_production_prints_one_line() -> None:
+    line = one_line(run("-m", "uvicorn", "buzz.asgi:application", "--port", "1", env={"BUZZ_DEV": "0"}))
+    assert line.startswith("configuration error: set SECRET_KEY (")
+
+
+def test_serve_reports_the_configuration_error_before_starting_anything() -> None:
+    result = run("-m", "buzz.dev.serve", "--port", "1", env={**UNREACHABLE, "BUZZ_DEV": "0"})
+    line = one_line(result)
+    assert line.startswith("configuration error: set SECRET_KEY (")
+    assert "Operations to perform" not in result.stdout  # migrate never ran
+
+
+def test_other_errors_keep_their_traceback() -> None:
+    # The one-line report is for configuration errors only: a bug raised afterwards still shows where.
+    code = "try:\n    import buzz.settings\nexcept Exception:\n    pass\nraise RuntimeError('a real bug')\n"
+    result = run("-c", code, env={"BUZZ_DEV": "0"})
+    assert result.returncode != 0
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "RuntimeError: a real bug" in result.stderr

@@ -1,0 +1,1 @@
+"""buzz.identity: settings that fail closed, API tokens, authentication."""

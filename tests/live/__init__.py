@@ -1,0 +1,1 @@
+"""buzz.live: the hub and publisher, live delivery, hub loss, two nodes on one database and Redis."""
