@@ -9,12 +9,12 @@ import re
 import time
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
 from buzz.nostr import Signer
+from buzz.orm import orm_call
 from buzz.runtime import runtime
 
 _HOST_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$")
@@ -128,7 +128,7 @@ class CommunityDirectory:
         now = time.monotonic()
         if hit is not None and hit[0] > now:
             return hit[1]
-        info = await sync_to_async(_load_info, thread_sensitive=False)(key)
+        info = await orm_call(_load_info)(key)
         self._cache[key] = (now + self._ttl, info)
         return info
 
