@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from buzz.access.policy import MANAGER_ROLES
@@ -376,17 +375,3 @@ def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, 
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
         _signal_access(channel, signals.WHY_MEMBERSHIP)
-
-
-def signal_channels_of(community: Community, pubkey: str, *, why: str) -> None:
-    """After commit, every channel the pubkey is in re-checks its subscribers' access (bans)."""
-    for membership in memberships_of(community, pubkey):
-        _signal_access(membership.channel, why)
-
-
-def memberships_of(community: Community, pubkey: str) -> list[Membership]:
-    return list(
-        Membership.objects.filter(channel__community=community, pubkey=pubkey, removed_at__isnull=True)
-        .filter(Q(channel__deleted_at__isnull=True))
-        .select_related("channel")
-    )

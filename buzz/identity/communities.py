@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from buzz.live import signals
 from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
 from buzz.nostr import Signer
 from buzz.orm import orm_call
@@ -88,6 +89,20 @@ def member_add(*, community: Community, pubkey: str, role: str = RelayRole.MEMBE
         raise ValidationError(f"role must be one of {', '.join(RelayRole.values)}")
     member, created = RelayMember.objects.update_or_create(community=community, pubkey=pubkey, defaults={"role": role})
     return member, created
+
+
+def member_remove(*, community: Community, pubkey: str) -> bool:
+    """Remove a relay member. False when the pubkey was not one.
+
+    AUTH and every later access decision refuse it from then on (buzz.access.policy); after
+    commit, its open subscriptions on every node re-check and end with CLOSED "restricted: ...".
+    """
+    check_pubkey(pubkey)
+    with transaction.atomic():
+        deleted, _ = RelayMember.objects.filter(community=community, pubkey=pubkey).delete()
+        if deleted:
+            signals.publish_standing_on_commit(community.pk, pubkey, signals.WHY_RELAY_MEMBER)
+    return bool(deleted)
 
 
 def community_by_host(host: str) -> Community:
