@@ -301,7 +301,7 @@ async def test_token_expiry_ends_its_subscriptions_at_the_expiry_instant(world: 
     scopes = ["messages:read", "messages:write"]
     # Long enough to log in and open the subscriptions on a loaded machine; nothing is sent at expiry.
     issued = await sync_to_async(token_create)(
-        community=w.community, pubkey=w.alice.pubkey, scopes=scopes, expires_in=dt.timedelta(seconds=6)
+        community=w.community, pubkey=w.alice.pubkey, scopes=scopes, expires_in=dt.timedelta(seconds=10)
     )
     async with by_token(relay, issued.token) as client, nip42(relay, w.alice) as login:
         subs = await open_subs(client, w)
