@@ -9,6 +9,18 @@ from django.db import models
 HEX64 = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
 
 
+class ClockTimestamp(models.Func):
+    """The database's clock_timestamp(): the time of the statement, on the one clock every node shares.
+
+    Access changes (membership, visibility, deletion) are stamped with it, as head changes are
+    (artifacts.services), because incremental reads page on these stamps against the database's
+    start time (NIP-AR "Incremental reads"). Python's clock can differ between nodes.
+    """
+
+    template = "clock_timestamp()"
+    output_field = models.DateTimeField()
+
+
 class AdmissionMode(models.TextChoices):
     MEMBERS = "members", "members only"
     OPEN = "open", "any authenticated pubkey"
@@ -141,7 +153,11 @@ class Channel(models.Model):
     created_by = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     archived_at = models.DateTimeField(null=True, blank=True)
+    # Database clock (ClockTimestamp), as every access change below.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    access_changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="last visibility change (database clock); empty if never changed"
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "uuid"], name="channel_uuid_unique")]
@@ -157,7 +173,8 @@ class Membership(models.Model):
     channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="memberships")
     pubkey = models.CharField(max_length=64, validators=[HEX64])
     role = models.CharField(max_length=8, choices=ChannelRole.choices, default=ChannelRole.MEMBER)
-    joined_at = models.DateTimeField(auto_now_add=True)
+    # Both on the database clock (ClockTimestamp): incremental reads page on them.
+    joined_at = models.DateTimeField(db_default=ClockTimestamp())
     removed_at = models.DateTimeField(null=True, blank=True)
     # Read state: the channel's message_count when this member last read (or posted).
     # Unread = ChannelStats.message_count - read_mark, so a message costs O(1) writes.

@@ -11,13 +11,14 @@ import asyncio
 from typing import Any
 
 from django.conf import settings
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, OperationalError
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from buzz.live.hub import Hub
 from buzz.live.publisher import Publisher
+from buzz.orm import socket_has_input
 
 
 def conninfo_from_settings() -> str:
@@ -34,6 +35,18 @@ def conninfo_from_settings() -> str:
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+async def check_pooled(conn: AsyncConnection[Any]) -> None:
+    """The pool's checkout check: a connection whose backend died is replaced before anyone uses it.
+
+    An idle connection has nothing to read, so this costs no round trip unless its socket says the
+    server hung up (a terminated backend, a server restart); then an empty query decides. Raises if dead.
+    """
+    if conn.closed or conn.broken:
+        raise OperationalError("the connection is closed")
+    if socket_has_input(conn.pgconn.socket):
+        await AsyncConnectionPool.check_connection(conn)
 
 
 class Runtime:
@@ -67,6 +80,7 @@ class Runtime:
                     kwargs={"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2},
                     open=False,
                     timeout=limits["timeout"],
+                    check=check_pooled,
                 )
                 await pool.open(wait=True, timeout=limits["timeout"])
                 self._pool = pool

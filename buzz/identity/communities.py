@@ -9,12 +9,13 @@ import re
 import time
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from buzz.live import signals
 from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
 from buzz.nostr import Signer
+from buzz.orm import orm_call
 from buzz.runtime import runtime
 
 _HOST_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$")
@@ -90,6 +91,20 @@ def member_add(*, community: Community, pubkey: str, role: str = RelayRole.MEMBE
     return member, created
 
 
+def member_remove(*, community: Community, pubkey: str) -> bool:
+    """Remove a relay member. False when the pubkey was not one.
+
+    AUTH and every later access decision refuse it from then on (buzz.access.policy); after
+    commit, its open subscriptions on every node re-check and end with CLOSED "restricted: ...".
+    """
+    check_pubkey(pubkey)
+    with transaction.atomic():
+        deleted, _ = RelayMember.objects.filter(community=community, pubkey=pubkey).delete()
+        if deleted:
+            signals.publish_standing_on_commit(community.pk, pubkey, signals.WHY_RELAY_MEMBER)
+    return bool(deleted)
+
+
 def community_by_host(host: str) -> Community:
     """Raises Community.DoesNotExist for an unknown host."""
     return Community.objects.get(host=normalize_host(host))
@@ -128,7 +143,7 @@ class CommunityDirectory:
         now = time.monotonic()
         if hit is not None and hit[0] > now:
             return hit[1]
-        info = await sync_to_async(_load_info, thread_sensitive=False)(key)
+        info = await orm_call(_load_info)(key)
         self._cache[key] = (now + self._ttl, info)
         return info
 
