@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client as httpclient
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from buzz.nostr import Signer
@@ -20,8 +20,13 @@ from tests.support.relay import RelayProcess
 @dataclass
 class Answer:
     status: int
-    headers: dict[str, str]  # lowercased names
+    headers: dict[str, str]  # lowercased names (the last of a repeated header)
     body: bytes
+    header_list: list[tuple[str, str]] = field(default_factory=list)  # every header, as sent
+
+    @property
+    def set_cookie(self) -> list[str]:
+        return [v for k, v in self.header_list if k.lower() == "set-cookie"]
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -57,7 +62,8 @@ def request_sync(
         conn.endheaders(body or None)
         response = conn.getresponse()
         data = response.read()
-        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
+        raw = response.getheaders()
+        return Answer(response.status, {k.lower(): v for k, v in raw}, data, raw)
     finally:
         conn.close()
 
