@@ -17,6 +17,8 @@ import django.db
 import psycopg
 import psycopg_pool
 import redis.exceptions
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from buzz.errors import Refused
@@ -98,6 +100,12 @@ def json_failures(shape: Shape = _error_shape) -> Callable[[V], V]:
                 return await view(request, *args, **kwargs)
             except Refused as err:
                 return shape(err.reason, status_of(err.reason))
+            except RequestDataTooBig:
+                # Django refuses to read a body past DATA_UPLOAD_MAX_MEMORY_SIZE (request.body raises).
+                return shape(f"invalid: body larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes", 413)
+            except SuspiciousOperation as exc:
+                log.warning("%s %s refused: %s", request.method, request.path, exc)
+                return shape("invalid: malformed request", 400)
             except Exception as exc:
                 reason = dependency_failure(exc)
                 if reason is not None:

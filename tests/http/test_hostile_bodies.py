@@ -124,6 +124,14 @@ def test_a_hostile_thread_root_is_invalid(env: Env) -> None:
         assert answer.json()["error"].startswith("invalid: root must be an event id"), answer.body
 
 
+@pytest.mark.parametrize("path", ["/query", "/count", "/events"])
+def test_a_body_past_what_django_reads_is_a_json_413(env: Env, path: str) -> None:
+    # Past DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB) Django refuses to read the body at all.
+    answer = post(env, path, b"[" + b" " * (3 * 1024 * 1024) + b"]", signed=False)
+    assert answer.status == 413, (answer.status, answer.body[:200])
+    assert reason_of(answer, path).startswith("invalid: body larger than ")
+
+
 # --- hypothesis --------------------------------------------------------------------------
 
 # Any code point: lone surrogates and NUL among them (json.dumps escapes them).

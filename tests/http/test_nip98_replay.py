@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import time
+from typing import Any
 
 from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
@@ -33,7 +34,7 @@ def test_a_replayed_authorization_says_replayed(transactional_db: None, relay_fa
     body = json.dumps([{"artifact": "current"}]).encode()
     now = int(time.time())
 
-    def post(authorization: str) -> tuple[int, dict[str, str]]:
+    def post(authorization: str) -> tuple[int, dict[str, Any]]:
         headers = {"Host": HOST, "Content-Type": "application/json", "Authorization": authorization}
         answer = request_sync(relay, "POST", "/count", headers=headers, body=body)
         return answer.status, answer.json()
