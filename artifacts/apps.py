@@ -12,9 +12,16 @@ class ArtifactsConfig(AppConfig):
         from buzz.events.ingest import register_kind
         from buzz.web.nip11 import register_section
 
-        register_kind(KIND_ARTIFACT, services.accept_revision, already_accepted=services.already_accepted)
-        register_kind(KIND_REMOVAL, services.reject_removal)
-        register_kind(5, services.reject_kind5)
+        # Revisions and move removals are state changes, not conversation messages: no reply roots at them.
+        register_kind(
+            KIND_ARTIFACT,
+            services.accept_revision,
+            already_accepted=services.already_accepted,
+            root_refusal=services.ROOT_IS_REVISION,
+        )
+        # Registered only to be refused with a reason, so NIP-11 does not advertise them.
+        register_kind(KIND_REMOVAL, services.reject_removal, accepts=False, root_refusal=services.ROOT_IS_REVISION)
+        register_kind(5, services.reject_kind5, accepts=False)
         register_section("artifacts", services.nip11_section)
         # A revision or move removal is redacted, not withheld like a message: until redaction with its
         # head and retirement rules exists, a 9005 aimed at one is refused.

@@ -106,9 +106,11 @@ def _head_where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -
     return " AND ".join(where), [actor.community.id, channels, _uuids(query.values("d") or ())]
 
 
+# A revision is keyed by (community, id): the same signed event may be a revision in two communities.
+_HEAD = "artifacts_artifact a JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
 _FROM = {
-    "current": ("artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id", "a.d"),
-    "head": ("artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id", "a.d"),
+    "current": (_HEAD, "a.d"),
+    "head": (_HEAD, "a.d"),
     "history": ("artifacts_revision r JOIN artifacts_artifact a ON a.id = r.artifact_id", "r.seq"),
 }
 

@@ -77,10 +77,15 @@ class StoredEvent(models.Model):
     """A signed event the relay accepted and serves back (kind-9 messages, relay-signed state...).
 
     `raw` is the event's JSON exactly as served, so reads never re-serialize.
-    Artifact revisions live in artifacts.Revision, not here.
+    Artifact revisions are stored here too (their channel's replay), besides artifacts.Revision.
+
+    Keyed by (community, id): communities are separate workspaces, and one signed event sent to two of
+    them is stored in each. `key` is a surrogate, because a foreign key (the tag index) can't point at a
+    composite key in Django; raw SQL keeps reading `id` as the NIP-01 event id.
     """
 
-    id = models.CharField(primary_key=True, max_length=64, validators=[HEX64])
+    key = models.BigAutoField(primary_key=True)
+    id = models.CharField(max_length=64, validators=[HEX64])
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="events")
     pubkey = models.CharField(max_length=64)
     kind = models.IntegerField()
@@ -91,6 +96,7 @@ class StoredEvent(models.Model):
     deleted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["community", "id"], name="stored_event_identity")]
         indexes = [
             models.Index(fields=["community", "kind", "-created_at"], name="event_kind_time"),
             models.Index(fields=["community", "channel_id", "-created_at"], name="event_channel_time"),
@@ -102,10 +108,11 @@ class StoredEvent(models.Model):
 
 
 class EventTag(models.Model):
-    """Single-letter tag index for NIP-01 `#x` filters: tag name and its FIRST value."""
+    """Single-letter tag index for NIP-01 `#x` filters: tag name and its FIRST value, per stored copy."""
 
-    event = models.ForeignKey(StoredEvent, on_delete=models.CASCADE, related_name="tag_index")
+    event = models.ForeignKey(StoredEvent, on_delete=models.CASCADE, related_name="tag_index", db_column="event_key")
     name = models.CharField(max_length=1)
+    # buzz.events.store refuses a longer value (or a NUL) before storage: INDEXED_VALUE_CHARS.
     value = models.CharField(max_length=4096)
 
     class Meta:
@@ -281,5 +288,6 @@ class Mention(models.Model):
     read_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["event_id", "pubkey"], name="mention_unique")]
+        # Per community: the same signed event may be stored in two communities (buzz.events.store).
+        constraints = [models.UniqueConstraint(fields=["community", "event_id", "pubkey"], name="mention_unique")]
         indexes = [models.Index(fields=["community", "pubkey", "-created_at"], name="mention_inbox")]
