@@ -13,9 +13,16 @@ class ArtifactsConfig(AppConfig):
         from buzz.web.nip11 import register_section
         from buzz.ws.modes import register_req_mode
 
-        register_kind(KIND_ARTIFACT, services.accept_revision, already_accepted=services.already_accepted)
-        register_kind(KIND_REMOVAL, services.reject_removal)
-        register_kind(5, services.reject_kind5)
+        # Revisions and move removals are state changes, not conversation messages: no reply roots at them.
+        register_kind(
+            KIND_ARTIFACT,
+            services.accept_revision,
+            already_accepted=services.already_accepted,
+            root_refusal=services.ROOT_IS_REVISION,
+        )
+        # Registered only to be refused with a reason, so NIP-11 does not advertise them.
+        register_kind(KIND_REMOVAL, services.reject_removal, accepts=False, root_refusal=services.ROOT_IS_REVISION)
+        register_kind(5, services.reject_kind5, accepts=False)
         register_section("artifacts", services.nip11_section)
         register_section("websocket_query_extensions", services.nip11_query_extensions)
         # NIP-AR sync: a REQ whose filter has "artifact" is a sync (artifacts.sync).

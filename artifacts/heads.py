@@ -29,7 +29,7 @@ BATCH_MAX = 500
 
 _HEADS = """
 SELECT a.d, a.home, a.deleted, a.retired, r.id, r.seq, r.raw
-FROM artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id
+FROM artifacts_artifact a JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id
 WHERE a.community_id = %s AND a.d = ANY(%s::uuid[])
 """
 

@@ -6,6 +6,7 @@ Only artifacts.services writes these tables.
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from buzz.models import Community
@@ -17,9 +18,9 @@ class Artifact(models.Model):
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="artifacts")
     d = models.UUIDField()
     type = models.CharField(max_length=128)
-    # The current head and the facts about it that reads filter on.
-    # DO_NOTHING: the head and its revision go together (community or artifact deletion cascades both).
-    head = models.ForeignKey("Revision", on_delete=models.DO_NOTHING, related_name="+", null=True)
+    # The current head (its event id) and the facts about it that reads filter on. The head is the
+    # revision (community, head_id): a composite foreign key made in migration 0004, because Django's can't.
+    head_id = models.CharField(max_length=64, null=True)
     home = models.UUIDField(help_text="h of the current head")
     root = models.CharField(max_length=64, null=True, blank=True)
     deleted = models.BooleanField(default=False, help_text="the current head is op=delete")
@@ -27,12 +28,18 @@ class Artifact(models.Model):
     created_at = models.DateTimeField()
     # Database clock (clock_timestamp()) of the last head change: incremental reads page on it.
     changed_at = models.DateTimeField()
+    # The p values (64 hex) of the last revision that is not a deletion. NIP-AR: a revision must not
+    # "repeat mention ... for tags carried over from the previous revision"; a deletion carries no p
+    # tags, so a restore is compared with the revision before it (issue 9, item 2).
+    p_tags = ArrayField(models.CharField(max_length=64), default=list, db_default=[])
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "d"], name="artifact_identity")]
         indexes = [
             models.Index(fields=["community", "home", "d"], name="artifact_home"),
             models.Index(fields=["community", "changed_at"], name="artifact_changed"),
+            # Finds the artifact a revision heads (redaction), and backs the head's composite foreign key.
+            models.Index(fields=["community", "head_id"], name="artifact_head"),
         ]
 
     def __str__(self) -> str:
@@ -40,9 +47,12 @@ class Artifact(models.Model):
 
 
 class Revision(models.Model):
-    """An accepted kind-45010 event. Its id is the event id, so a resubmission is found by key."""
+    """An accepted kind-45010 event, keyed by (community, event id): a resubmission is found by that key,
+    and one signed event sent to two communities is a revision in each. The row's own key is `seq`."""
 
-    id = models.CharField(primary_key=True, max_length=64)
+    # Relay acceptance order (the database sequence artifacts_accept_seq, shared with move removals).
+    seq = models.BigIntegerField(primary_key=True)
+    id = models.CharField(max_length=64)
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="revisions")
     artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="revisions")
     op = models.CharField(max_length=8)
@@ -52,8 +62,7 @@ class Revision(models.Model):
     pubkey = models.CharField(max_length=64)
     created_at = models.BigIntegerField(help_text="the signer's created_at; never orders anything")
     raw = models.TextField()
-    # Relay acceptance order (a database sequence) and database-clock acceptance time.
-    seq = models.BigIntegerField(unique=True)
+    # Database-clock acceptance time.
     accepted_at = models.DateTimeField()
     # Moderation: a redacted revision is withheld everywhere but stays accepted (valid as prev).
     redacted_at = models.DateTimeField(null=True, blank=True)
@@ -61,6 +70,7 @@ class Revision(models.Model):
     expired_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["community", "id"], name="revision_identity")]
         indexes = [
             models.Index(fields=["artifact", "seq"], name="revision_history"),
             models.Index(fields=["community", "channel", "seq"], name="revision_channel"),
@@ -82,20 +92,28 @@ class CurrentTag(models.Model):
 
 
 class MoveRemoval(models.Model):
-    """The relay-signed kind-45011 event a move stores in its source channel."""
+    """The relay-signed kind-45011 event a move stores in its source channel.
+
+    Its id alone is a key: the relay key that signs it is its community's own (Community.relay_pubkey
+    is unique), so two communities never make the same removal.
+    """
 
     id = models.CharField(primary_key=True, max_length=64)
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="move_removals")
     artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="move_removals")
     source = models.UUIDField()
     replaced = models.CharField(max_length=64, help_text="the revision the move replaced")
-    move = models.ForeignKey(Revision, on_delete=models.CASCADE, related_name="+")
+    # The move revision (community, move_id): a composite foreign key made in migration 0004.
+    move_id = models.CharField(max_length=64)
     raw = models.TextField()
     seq = models.BigIntegerField(unique=True)
     accepted_at = models.DateTimeField()
 
     class Meta:
-        indexes = [models.Index(fields=["community", "source", "seq"], name="removal_source")]
+        indexes = [
+            models.Index(fields=["community", "source", "seq"], name="removal_source"),
+            models.Index(fields=["community", "move_id"], name="removal_move"),
+        ]
 
     def __str__(self) -> str:
         return f"removal of {self.artifact_id} from {self.source}"

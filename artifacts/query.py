@@ -80,8 +80,17 @@ class ArtifactQuery:
         return out
 
 
-def _utf8(value: str) -> int:
-    return len(value) if value.isascii() else len(value.encode("utf-8"))
+def _utf8(value: str, what: str) -> int:
+    """The UTF-8 size of a name or value; a NUL or a lone surrogate (JSON may escape either) is refused:
+    neither can be a tag value the relay stored, and PostgreSQL text can hold neither."""
+    if "\x00" in value:
+        raise QueryError(f"invalid: {what} must not contain NUL")
+    if value.isascii():
+        return len(value)
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise QueryError(f"invalid: {what} must be valid Unicode text (no lone surrogates)") from None
 
 
 def _int(key: str, value: object, lo: int, hi: int) -> int:
@@ -101,7 +110,7 @@ def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuer
     predicates: list[tuple[str, tuple[str, ...]]] = []
     total_values = 0
     total_bytes = 0
-    limit = limits.default_limit
+    limit: int | None = None
     offset = 0
     paged = False
     for key, value in raw.items():
@@ -121,17 +130,19 @@ def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuer
             if name == AUTH_TAG:
                 # NIP-OA attestations are not content: they are never indexed, so #auth could never match.
                 raise QueryError("invalid: #auth is not a queryable tag")
-            if _utf8(name) > limits.max_name_bytes:
+            name_bytes = _utf8(name, "predicate names")  # first: the reasons below quote the name
+            if name_bytes > limits.max_name_bytes:
                 raise QueryError(f"invalid: predicate names are at most {limits.max_name_bytes} bytes")
             if not isinstance(value, list) or not value:
                 raise QueryError(f"invalid: {key[:64]} must be a non-empty array of strings")
             if not all(isinstance(v, str) for v in value):
                 raise QueryError(f"invalid: {key[:64]} must be a non-empty array of strings")
             for v in value:
-                if _utf8(v) > limits.max_value_bytes:
+                size = _utf8(v, "predicate values")
+                if size > limits.max_value_bytes:
                     raise QueryError(f"invalid: predicate values are at most {limits.max_value_bytes} bytes")
-                total_bytes += _utf8(v)
-            total_bytes += _utf8(name)
+                total_bytes += size
+            total_bytes += name_bytes
             total_values += len(value)
             predicates.append((name, tuple(dict.fromkeys(value))))
         else:
@@ -142,7 +153,6 @@ def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuer
         raise QueryError(f"invalid: at most {limits.max_values} predicate values per query")
     if total_bytes > limits.max_total_bytes:
         raise QueryError(f"invalid: predicates total at most {limits.max_total_bytes} bytes")
-    query = ArtifactQuery(mode=mode, predicates=tuple(predicates), limit=limit, offset=offset, paged=paged)
     names = {n for n, _ in predicates}
     if mode == "head":
         if "d" not in names:
@@ -150,6 +160,21 @@ def parse_query(raw: object, limits: QueryLimits = QUERY_LIMITS) -> ArtifactQuer
         # #h is the explicit scope an unlisted open channel needs (known-ID reads don't bypass it).
         if names - {"d", "h"}:
             raise QueryError("invalid: the head view takes only #d and #h")
+        # A head query answers for every artifact it names (NIP-AR: no incomplete result presented as
+        # complete): its page is the #d values, and a smaller limit or any offset would cut it.
+        named = len(next(v for n, v in predicates if n == "d"))
+        if limit is not None and limit < named:
+            raise QueryError(f"invalid: the head view returns every named artifact: limit must be at least {named}")
+        if offset:
+            raise QueryError("invalid: the head view returns every named artifact: it takes no offset")
+        limit = named
+    query = ArtifactQuery(
+        mode=mode,
+        predicates=tuple(predicates),
+        limit=limits.default_limit if limit is None else limit,
+        offset=offset,
+        paged=paged,
+    )
     if mode == "history" and names - {"d", "h", "type"}:
         extra = sorted(names - {"d", "h", "type"})[0]
         raise QueryError(f"invalid: the history view matches #d, #h and #type only, not #{extra[:64]}")

@@ -1,37 +1,44 @@
 """NIP-AR read views: current, history and head, and their counts.
 
 Every read is scoped by channel read permission from buzz.access.policy, applied in SQL
-before matching, ordering, paging and counting. Each query runs in its own
-read-only transaction under an execution budget (SET LOCAL statement_timeout);
-an overrun is an explicit 503, never a partial result.
+before matching, ordering, paging and counting. Each request runs in one read-only
+REPEATABLE READ transaction: the access reads and the view's statement see one snapshot,
+and each statement runs under what is left of the execution budget (SET LOCAL
+statement_timeout). An overrun is an explicit 503, never a partial result. The views bound
+the whole request by the same budget (artifacts.views).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import psycopg.errors
 from django.conf import settings
+from psycopg import AsyncConnection
 
 from artifacts.query import ArtifactQuery, QueryError
 from buzz.access.policy import NOT_A_MEMBER, Denied, reader_scope
 from buzz.identity.actor import Actor
 from buzz.runtime import runtime
 
+BUDGET_EXCEEDED: Final = "error: the query exceeded its execution budget; narrow it and try again"
+
 # Predicates answered from columns of the head row rather than the tag index.
 _COLUMN_PREDICATES = {"d": "a.d", "type": "a.type"}
 
 
-async def scope(actor: Actor, query: ArtifactQuery) -> list[uuid.UUID]:
+async def scope(actor: Actor, query: ArtifactQuery, *, conn: AsyncConnection[Any] | None = None) -> list[uuid.UUID]:
     """The channels a query covers (buzz.access.policy.reader_scope). #h names them, each of which must be
     readable; without #h it is every channel the reader can read that is joined or listed. Raises Denied."""
     named = query.channels()
     if named is not None and len(named) != len(query.values("h") or ()):
         # A value that is no channel id names no channel: the same answer as a missing one.
         raise Denied(NOT_A_MEMBER)
-    return await reader_scope(actor, named=named or (), wide=named is None)
+    return await reader_scope(actor, named=named or (), wide=named is None, conn=conn)
 
 
 def _md5(value: str) -> str:
@@ -101,9 +108,12 @@ def _head_where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -
     return " AND ".join(where), [actor.community.id, channels, _uuids(query.values("d") or ())]
 
 
+# A revision is keyed by (community, id): the same signed event may be a revision in two communities.
+# An artifact and its head revision (revisions are keyed by (community, event id)). Sync reads the same join.
+HEAD_JOIN = "artifacts_artifact a JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
 _FROM = {
-    "current": ("artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id", "a.d"),
-    "head": ("artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id", "a.d"),
+    "current": (HEAD_JOIN, "a.d"),
+    "head": (HEAD_JOIN, "a.d"),
     "history": ("artifacts_revision r JOIN artifacts_artifact a ON a.id = r.artifact_id", "r.seq"),
 }
 
@@ -116,41 +126,65 @@ def _where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -> tup
     return _head_where(actor, query, channels)
 
 
-async def _run(sql: str, args: list[Any]) -> list[tuple[Any, ...]]:
+def budget_seconds() -> float:
+    return int(settings.BUZZ_QUERY_BUDGET_MS) / 1000
+
+
+def _remaining_ms(deadline: float | None) -> int:
+    """What is left of the request's budget (the whole budget without a deadline), at least 1 ms."""
     budget_ms = int(settings.BUZZ_QUERY_BUDGET_MS)
+    if deadline is None:
+        return budget_ms
+    left = int((deadline - asyncio.get_running_loop().time()) * 1000)
+    return max(1, min(budget_ms, left))
+
+
+Statement = Callable[[list[uuid.UUID]], tuple[str, list[Any]]]
+
+
+async def _read(actor: Actor, query: ArtifactQuery, statement: Statement, deadline: float | None) -> list[Any] | None:
+    """Scope, then the view's statement, in one budgeted read-only snapshot. None: no channel in scope."""
     pool = await runtime.pool()
     try:
         async with pool.connection() as conn, conn.transaction():
             # One round trip. Custom plans: a generic plan for these array predicates ignores how selective
             # each value is, and measured 5-27x slower than one hand-written statement (bench/query_current.py).
             await conn.execute(
-                "SET TRANSACTION READ ONLY;"
-                f" SET LOCAL statement_timeout = {budget_ms};"
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;"
+                f" SET LOCAL statement_timeout = {_remaining_ms(deadline)};"
                 " SET LOCAL plan_cache_mode = force_custom_plan"
             )
+            # The access reads are part of the query: inside its budget and its snapshot.
+            channels = await scope(actor, query, conn=conn)
+            if not channels:
+                return None
+            sql, args = statement(channels)
             return await (await conn.execute(sql, args)).fetchall()
     except psycopg.errors.QueryCanceled:
-        raise QueryError("error: the query exceeded its execution budget; narrow it and try again") from None
+        raise QueryError(BUDGET_EXCEEDED) from None
 
 
-async def query_events(actor: Actor, query: ArtifactQuery) -> list[str]:
-    """The raw events of one page of a view, in the view's order."""
-    channels = await scope(actor, query)
-    if not channels:
-        return []
-    where, args = _where(actor, query, channels)
+async def query_events(actor: Actor, query: ArtifactQuery, *, deadline: float | None = None) -> list[str]:
+    """The raw events of one page of a view, in the view's order. `deadline`: the loop time the request's
+    budget ends at."""
     table, order = _FROM[query.mode]
-    sql = f"SELECT r.raw FROM {table} WHERE {where} ORDER BY {order} LIMIT %s OFFSET %s"  # noqa: S608
-    rows = await _run(sql, [*args, query.limit, query.offset])
-    return [row[0] for row in rows]
+
+    def statement(channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
+        where, args = _where(actor, query, channels)
+        sql = f"SELECT r.raw FROM {table} WHERE {where} ORDER BY {order} LIMIT %s OFFSET %s"  # noqa: S608
+        return sql, [*args, query.limit, query.offset]
+
+    rows = await _read(actor, query, statement, deadline)
+    return [row[0] for row in rows or ()]
 
 
-async def count_events(actor: Actor, query: ArtifactQuery) -> int:
+async def count_events(actor: Actor, query: ArtifactQuery, *, deadline: float | None = None) -> int:
     """How many the view holds for this reader, after access checks (no paging)."""
-    channels = await scope(actor, query)
-    if not channels:
-        return 0
-    where, args = _where(actor, query, channels)
     table, _ = _FROM[query.mode]
-    rows = await _run(f"SELECT count(*) FROM {table} WHERE {where}", args)  # noqa: S608
-    return int(rows[0][0])
+
+    def statement(channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
+        where, args = _where(actor, query, channels)
+        return f"SELECT count(*) FROM {table} WHERE {where}", args  # noqa: S608
+
+    rows = await _read(actor, query, statement, deadline)
+    return int(rows[0][0]) if rows else 0

@@ -1,19 +1,31 @@
 """The NIP-AR write path: the one service that writes artifact revisions.
 
-`accept_revision` runs one transaction per revision:
-  lock the head row (SELECT ... FOR UPDATE; a create is INSERT ... ON CONFLICT DO NOTHING),
-  check write access with the kind-9 policy, compare prev with the current head,
-  then ONE statement inserts the revision, advances the head, replaces the current-tag
-  index, records new mentions and, for a move, stores the relay-signed kind-45011 removal.
+`accept_revision` checks in kind 9's order (buzz.access.policy: "Relays apply these checks the
+same way, and at the same point, as for a kind-9 message"): the token's scope, then, for an
+envelope that doesn't parse, the h tag and the sender's standing (a ban, a timeout, a dead token)
+before the envelope's own reason. Then one transaction per revision:
+
+  create: the policy read for h, then ONE statement that checks the root anchor, claims the
+    identity (INSERT ... ON CONFLICT DO NOTHING) with the revision, the current-tag index, new
+    mentions and the channel's stored event, and says whether d was taken. A taken d is answered
+    before a bad root: the spec's ensure flow starts with "Sends create ... On conflict, reads the head".
+  edit: ONE read of the artifact row and the root anchor (no lock), the policy read for the
+    artifact's home and for h (a move's destination), the checks, then ONE statement that advances
+    the head by compare-and-set (UPDATE ... WHERE head_id = prev: two competing edits can't both
+    succeed) and only then inserts the revision, replaces the current-tag index, records new
+    mentions and, for a move, stores the relay-signed kind-45011 removal. An edit that loses the
+    compare-and-set to a concurrent one is checked again against the head that won.
 After commit it signals live subscribers of every channel the change touches.
 
-Non-disclosure: an edit of an artifact the sender can't read gets the same answer as
-an edit of a missing one (HEAD_UNAVAILABLE), and a create of a taken d says only that.
+Non-disclosure: an edit of an artifact the sender can't read gets the same answer as an edit of a
+missing one (HEAD_UNAVAILABLE), and a create of a taken d says only that. Up to that answer both edit
+paths send the same statements in the same order and neither takes a lock (a row lock would give
+one of them a transaction id and a WAL flush at commit), so the time of the answer tells nothing
+either (tests/db/test_artifact_statement_parity.py, bench/artifact_timing.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from typing import Any
@@ -31,16 +43,27 @@ from artifacts.envelope import (
     parse_envelope,
 )
 from artifacts.query import MODES, QUERY_LIMITS
-from buzz.access.policy import ARCHIVED, NOT_A_MEMBER, TOKEN_CHANNEL, ChannelAccess, decide_post, load_access
+from buzz.access.policy import (
+    ARCHIVED,
+    NOT_A_MEMBER,
+    SCOPE_WRITE,
+    TOKEN_CHANNEL,
+    ChannelAccess,
+    check_post,
+    decide_post,
+    has_scope,
+    load_access,
+    load_access_many,
+)
 from buzz.chat.channels import ChannelError
-from buzz.chat.messages import mentioned
+from buzz.chat.messages import mentioned, named_pubkeys
 from buzz.chat.removals import DELETE_REFUSED, Removal
 from buzz.events.ingest import WriteResult
 from buzz.events.store import insert_ctes, insert_params
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
 from buzz.live import signals
-from buzz.nostr import Event, Signer, verify_owner_attestation
+from buzz.nostr import Event, ProtocolError, Signer, verify_owner_attestation
 from buzz.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -50,6 +73,12 @@ DUPLICATE = "duplicate: already accepted"  # the text buzz.events.ingest answers
 IDENTITY_TAKEN = "conflict: artifact identity is taken"
 HEAD_CHANGED = "conflict: head changed; fetch the current revision and reapply your change"
 ANCHOR_INVALID = "invalid: root must be an existing, undeleted message in the artifact's channel"
+# "Replies belong to that conversation, not to an artifact revision": a kind-9 reply rooted at a revision
+# or a removal is refused (buzz.chat.messages) with this reason.
+ROOT_IS_REVISION = (
+    "invalid: a reply's root can't be an artifact revision; replies belong to the artifact's conversation,"
+    " so reply to its root message instead"
+)
 
 # Kinds that anchor a conversation an artifact can be attached to.
 ANCHOR_KINDS = (9,)
@@ -73,7 +102,7 @@ def _channel_bound(reason: str) -> bool:
 async def _revision_exists(conn: AsyncConnection[Any], community_id: int, event_id: str) -> bool:
     row = await (
         await conn.execute(
-            "SELECT 1 FROM artifacts_revision WHERE id = %s AND community_id = %s", (event_id, community_id)
+            "SELECT 1 FROM artifacts_revision WHERE community_id = %s AND id = %s", (community_id, event_id)
         )
     ).fetchone()
     return row is not None
@@ -86,17 +115,6 @@ async def already_accepted(actor: Actor, event: Event) -> bool:
         return await _revision_exists(conn, actor.community.id, event.id)
 
 
-async def _anchor_ok(conn: AsyncConnection[Any], community_id: int, root: str, channel: uuid.UUID) -> bool:
-    row = await (
-        await conn.execute(
-            "SELECT 1 FROM buzz_storedevent WHERE id = %s AND community_id = %s AND channel_id = %s"
-            " AND deleted_at IS NULL AND kind = ANY(%s)",
-            (root, community_id, channel, list(ANCHOR_KINDS)),
-        )
-    ).fetchone()
-    return row is not None
-
-
 async def _write_access(
     actor: Actor, channel: uuid.UUID, owner: str | None, conn: AsyncConnection[Any]
 ) -> tuple[bool, str, ChannelAccess]:
@@ -105,22 +123,29 @@ async def _write_access(
     return decision.ok, decision.reason, access
 
 
-# The artifact row alone: under READ COMMITTED a writer that waited for this lock re-checks the row it
-# locked, and a join in this statement would be re-checked against the head row it read before the wait,
-# dropping the artifact (a false "head unavailable"). The head's tags are read by a later statement.
-_LOCK = """
-SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted
-FROM artifacts_artifact a
-WHERE a.community_id = %s AND a.d = %s
-FOR UPDATE
-"""
+# Is %(root)s an existing, undeleted conversation anchor in %(h)s? (true when there is no root)
+_ANCHOR_OK = """(%(root)s::varchar IS NULL OR EXISTS (
+  SELECT 1 FROM buzz_storedevent e
+  WHERE e.community_id = %(community)s AND e.id = %(root)s AND e.channel_id = %(h)s
+    AND e.deleted_at IS NULL AND e.kind = ANY(%(anchor_kinds)s::int[])))"""
 
-_HEAD_RAW = "SELECT raw FROM artifacts_revision WHERE id = %s"
+# One row whether d exists or not (a LEFT JOIN), with the anchor answer: a missing d and an unreadable
+# one run this same statement. No lock: the compare-and-set in _ADVANCE decides between competing edits.
+_READ = f"""
+SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, a.p_tags, {_ANCHOR_OK}
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN artifacts_artifact a ON a.community_id = %(community)s AND a.d = %(d)s
+"""  # noqa: S608 - composed from code, values are placeholders
 
 _CREATE = f"""
-WITH art AS (
-  INSERT INTO artifacts_artifact (community_id, d, type, head_id, home, root, deleted, retired, created_at, changed_at)
-  VALUES (%(community)s, %(d)s, %(type)s, %(id)s, %(h)s, %(root)s, false, false, now(), clock_timestamp())
+WITH anchor AS (
+  SELECT {_ANCHOR_OK} AS ok
+), art AS (
+  INSERT INTO artifacts_artifact (community_id, d, type, head_id, home, root, deleted, retired, p_tags, created_at,
+                                  changed_at)
+  SELECT %(community)s, %(d)s, %(type)s, %(id)s, %(h)s, %(root)s, false, false, %(p_tags)s::varchar[], now(),
+         clock_timestamp()
+  FROM anchor WHERE anchor.ok
   ON CONFLICT (community_id, d) DO NOTHING RETURNING id
 ), rev AS (
   INSERT INTO artifacts_revision (id, community_id, artifact_id, op, channel, prev, root, pubkey, created_at, raw,
@@ -138,38 +163,43 @@ WITH art AS (
 ),
 -- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
 {insert_ctes("stored", "ev", source="art")}
-SELECT (SELECT seq FROM rev)
+SELECT (SELECT seq FROM rev), (SELECT ok FROM anchor),
+       EXISTS (SELECT 1 FROM artifacts_artifact WHERE community_id = %(community)s AND d = %(d)s)
 """  # noqa: S608 - composed from code, values are placeholders
 
+# Everything hangs on `head`, the compare-and-set: when the head is no longer prev it updates no row and
+# nothing else is written. Under READ COMMITTED an UPDATE that waited for a competing edit re-checks
+# head_id against the row that edit committed.
 _ADVANCE = f"""
-WITH rev AS (
+WITH head AS (
+  UPDATE artifacts_artifact SET head_id = %(id)s, home = %(h)s, root = %(root)s, deleted = %(deleted)s,
+         retired = false, p_tags = %(p_tags)s::varchar[], changed_at = clock_timestamp()
+  WHERE id = %(artifact)s AND head_id = %(prev)s
+  RETURNING id
+), rev AS (
   INSERT INTO artifacts_revision (id, community_id, artifact_id, op, channel, prev, root, pubkey, created_at, raw,
                                   seq, accepted_at)
-  VALUES (%(id)s, %(community)s, %(artifact)s, %(op)s, %(h)s, %(prev)s, %(root)s, %(pubkey)s, %(created_at)s,
-          %(raw)s, nextval('artifacts_accept_seq'), clock_timestamp())
-  RETURNING seq
-), head AS (
-  UPDATE artifacts_artifact SET head_id = %(id)s, home = %(h)s, root = %(root)s, deleted = %(deleted)s,
-         retired = false, changed_at = clock_timestamp()
-  WHERE id = %(artifact)s
+  SELECT %(id)s, %(community)s, head.id, %(op)s, %(h)s, %(prev)s, %(root)s, %(pubkey)s, %(created_at)s,
+         %(raw)s, nextval('artifacts_accept_seq'), clock_timestamp()
+  FROM head RETURNING seq
 ), old_tags AS (
-  DELETE FROM artifacts_currenttag WHERE artifact_id = %(artifact)s
+  DELETE FROM artifacts_currenttag WHERE artifact_id = (SELECT id FROM head)
 ), new_tags AS (
   INSERT INTO artifacts_currenttag (artifact_id, name, value)
-  SELECT %(artifact)s, t.n, t.v FROM unnest(%(tag_names)s::text[], %(tag_values)s::text[]) AS t(n, v)
+  SELECT head.id, t.n, t.v FROM head, unnest(%(tag_names)s::text[], %(tag_values)s::text[]) AS t(n, v)
 ), mentions AS (
   INSERT INTO buzz_mention (community_id, pubkey, event_id, channel_id, kind, created_at)
-  SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM unnest(%(mentions)s::text[]) AS p
+  SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM head, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
 ), removal AS (
   INSERT INTO artifacts_moveremoval (id, community_id, artifact_id, source, replaced, move_id, raw, seq, accepted_at)
-  SELECT %(removal_id)s::varchar, %(community)s, %(artifact)s, %(source)s, %(prev)s, %(id)s, %(removal_raw)s::text,
+  SELECT %(removal_id)s::varchar, %(community)s, head.id, %(source)s, %(prev)s, %(id)s, %(removal_raw)s::text,
          nextval('artifacts_accept_seq'), clock_timestamp()
-  WHERE %(removal_id)s::varchar IS NOT NULL
+  FROM head WHERE %(removal_id)s::varchar IS NOT NULL
 ),
 -- Both are stored events: the revision in its channel, and a move's removal in the source.
-{insert_ctes("stored", "ev")},
-{insert_ctes("stored_removal", "rm")}
+{insert_ctes("stored", "ev", source="head")},
+{insert_ctes("stored_removal", "rm", source="head")}
 SELECT seq FROM rev
 """  # noqa: S608 - composed from code, values are placeholders
 
@@ -189,22 +219,36 @@ def _tag_arrays(event: Event) -> tuple[list[str], list[str]]:
     return [n for n, _ in pairs], [v for _, v in pairs]
 
 
-def _p_tags(tags: list[list[str]]) -> frozenset[str]:
-    return frozenset(t[1] for t in tags if len(t) >= 2 and t[0] == "p")
-
-
 async def accept_revision(actor: Actor, event: Event) -> WriteResult:
-    envelope = parse_envelope(event)
+    if not has_scope(actor, SCOPE_WRITE):
+        # Kind 9 answers the scope before reading anything.
+        _, decision = await check_post(actor, event)
+        return WriteResult.rejected(decision.reason)
+    try:
+        envelope = parse_envelope(event)
+    except ProtocolError as err:
+        return await _refuse_malformed(actor, event, err.reason)
     owner = _owner(event)
     pool = await runtime.pool()
     async with pool.connection() as conn, conn.transaction():
         if envelope.is_create:
             result, published = await _create(conn, actor, event, envelope, owner)
         else:
-            result, published = await _advance(conn, actor, event, envelope, owner)
+            result, published = await _edit(conn, actor, event, envelope, owner)
     if result.ok and published:
         await signals.publish_committed(actor.community.id, [(ch, signals.event_message(ev)) for ch, ev in published])
     return result
+
+
+async def _refuse_malformed(actor: Actor, event: Event, reason: str) -> WriteResult:
+    """An envelope that doesn't parse gets kind 9's answers first: to its h tag (ProtocolError, raised here
+    for buzz.events.ingest to answer), then to the sender's standing. A channel-bound denial (not a member,
+    a token limited to other channels, archived) is not answered: for an edit it would be about h, not
+    about the channel the artifact lives in, so only the envelope's reason is."""
+    _, decision = await check_post(actor, event)
+    if not decision.ok and not _channel_bound(decision.reason):
+        return WriteResult.rejected(decision.reason)
+    return WriteResult.rejected(reason)
 
 
 async def _create(
@@ -213,8 +257,6 @@ async def _create(
     ok, reason, _ = await _write_access(actor, env.h, owner, conn)
     if not ok:
         return WriteResult.rejected(reason), []
-    if env.root is not None and not await _anchor_ok(conn, actor.community.id, env.root, env.h):
-        return WriteResult.rejected(ANCHOR_INVALID), []
     names, values = _tag_arrays(event)
     row = await (
         await conn.execute(
@@ -226,6 +268,7 @@ async def _create(
                 "id": event.id,
                 "h": env.h,
                 "root": env.root,
+                "anchor_kinds": list(ANCHOR_KINDS),
                 "op": env.op,
                 "pubkey": event.pubkey,
                 "created_at": event.created_at,
@@ -233,39 +276,69 @@ async def _create(
                 "tag_names": names,
                 "tag_values": values,
                 "mentions": mentioned(event),
+                "p_tags": named_pubkeys(event),
                 "kind": KIND_ARTIFACT,
                 **insert_params("ev", community_id=actor.community.id, event=event, channel=env.h),
             },
         )
     ).fetchone()
-    if row is None or row[0] is None:
+    if row is None:
+        raise RuntimeError("the create statement returned no row")
+    seq, anchor_ok, taken = row
+    if seq is not None:
+        return WriteResult.accepted(), [(env.h, event)]
+    # Identity before root. Not inserted with a good root: d was taken by a create that committed meanwhile.
+    if taken or anchor_ok:
         # A retry that raced its own first attempt is a duplicate, not a conflict.
         if await _revision_exists(conn, actor.community.id, event.id):
             return WriteResult.accepted(DUPLICATE), []
         # A deleted d stays reserved too: the identity row is never removed.
         return WriteResult.rejected(IDENTITY_TAKEN), []
-    return WriteResult.accepted(), [(env.h, event)]
+    return WriteResult.rejected(ANCHOR_INVALID), []
 
 
-async def _advance(
+async def _edit(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
 ) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]]:
-    row = await (await conn.execute(_LOCK, (actor.community.id, env.d))).fetchone()
+    # A second pass follows a compare-and-set lost to a concurrent edit; its prev is no longer the head then,
+    # so it answers without writing.
+    for _ in range(2):
+        result = await _edit_once(conn, actor, event, env, owner)
+        if result is not None:
+            return result
+    return WriteResult.rejected(HEAD_CHANGED), []
+
+
+async def _edit_once(
+    conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
+) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]] | None:
+    """One pass of an edit; None when the compare-and-set found the head changed since it was read."""
+    community = actor.community.id
+    read = {"community": community, "d": env.d, "root": env.root, "h": env.h, "anchor_kinds": list(ANCHOR_KINDS)}
+    row = await (await conn.execute(_READ, read)).fetchone()
     if row is None:
+        raise RuntimeError("the artifact read returned no row")
+    pk, type_name, head_id, home, root, deleted, p_tags, anchor_ok = row
+    # The same policy read on both paths: the channel the artifact lives in (or h for a missing d), and h.
+    checked = home if pk is not None else env.h
+    facts = await load_access_many(actor, [checked, env.h], owner=owner, conn=conn)
+    decision = decide_post(actor, checked, facts[checked])
+    if pk is None:
         # The sender's own standing (scope, ban, timeout, a dead token) denies an edit of an existing
         # artifact below; it must deny a missing one alike, or the answer would tell that d exists.
-        ok, reason, _ = await _write_access(actor, env.h, owner, conn)
-        return WriteResult.rejected(reason if not ok and not _channel_bound(reason) else HEAD_UNAVAILABLE), []
-    pk, type_name, head_id, home, root, deleted = row
-    # A copy of this event that committed while this one waited for the lock (a retry in flight): like the
-    # duplicate answer buzz.events.ingest gives before any check, it says only "you sent this before".
-    if head_id == event.id or (env.prev != head_id and await _revision_exists(conn, actor.community.id, event.id)):
+        denied = not decision.ok and not _channel_bound(decision.reason)
+        return WriteResult.rejected(decision.reason if denied else HEAD_UNAVAILABLE), []
+    # A copy of this event that committed meanwhile (a retry in flight): like the duplicate answer
+    # buzz.events.ingest gives before any check, it says only "you sent this before".
+    if head_id == event.id:
         return WriteResult.accepted(DUPLICATE), []
-    # Checked before anything else: can the sender write where the artifact lives now?
-    ok, reason, _ = await _write_access(actor, home, owner, conn)
-    if not ok:
-        return WriteResult.rejected(HEAD_UNAVAILABLE if _hidden(reason) else reason), []
+    if not decision.ok:
+        return WriteResult.rejected(HEAD_UNAVAILABLE if _hidden(decision.reason) else decision.reason), []
     if env.prev != head_id:
+        # Looked up only once the sender may write where the artifact lives: before, the extra statement
+        # would tell an unreadable artifact from a missing one by its time.
+        if await _revision_exists(conn, community, event.id):
+            return WriteResult.accepted(DUPLICATE), []
         return WriteResult.rejected(HEAD_CHANGED), []
     if env.type != type_name:
         return WriteResult.rejected("invalid: type is immutable"), []
@@ -277,10 +350,10 @@ async def _advance(
     if env.op == "move":
         if env.h == home:
             return WriteResult.rejected("invalid: a move changes h; use update to stay in the channel"), []
-        ok, reason, _ = await _write_access(actor, env.h, owner, conn)
-        if not ok:
-            return WriteResult.rejected(reason), []
-        if env.root is not None and not await _anchor_ok(conn, actor.community.id, env.root, env.h):
+        destination = decide_post(actor, env.h, facts[env.h])
+        if not destination.ok:
+            return WriteResult.rejected(destination.reason), []
+        if not anchor_ok:
             return WriteResult.rejected("invalid: a move's root must be absent or a message in the destination"), []
         source = home
     else:
@@ -289,24 +362,19 @@ async def _advance(
         if env.op == "delete":
             if env.root != root:
                 return WriteResult.rejected("invalid: a delete keeps the artifact's root"), []
-        elif (
+        elif env.root != root and not anchor_ok:
             # A root that is kept needs no anchor any more; a new one must exist now.
-            env.root is not None
-            and env.root != root
-            and not await _anchor_ok(conn, actor.community.id, env.root, env.h)
-        ):
             return WriteResult.rejected(ANCHOR_INVALID), []
-    head_raw = await (await conn.execute(_HEAD_RAW, (head_id,))).fetchone()
-    if head_raw is None:
-        raise RuntimeError(f"artifact {env.d} has no head revision row")
-    previous_p = _p_tags(json.loads(head_raw[0])["tags"])
     removal = removal_event(actor.community, d=env.d, source=source, replaced=head_id) if source else None
     names, values = _tag_arrays(event)
+    # Mentions only for p tags the last revision that is not a deletion did not carry (a deletion carries
+    # none, and keeps the set for the restore to be compared with).
+    carried = list(p_tags or [])
     seq = await (
         await conn.execute(
             _ADVANCE,
             {
-                "community": actor.community.id,
+                "community": community,
                 "artifact": pk,
                 "id": event.id,
                 "op": env.op,
@@ -319,19 +387,19 @@ async def _advance(
                 "deleted": env.op == "delete",
                 "tag_names": names,
                 "tag_values": values,
-                # Mentions only for p tags the previous revision did not carry.
-                "mentions": mentioned(event, exclude=previous_p),
+                "mentions": mentioned(event, exclude=carried),
+                "p_tags": carried if env.op == "delete" else named_pubkeys(event),
                 "kind": KIND_ARTIFACT,
                 "removal_id": removal.id if removal else None,
                 "removal_raw": removal.to_json() if removal else None,
                 "source": source,
-                **insert_params("ev", community_id=actor.community.id, event=event, channel=env.h),
-                **insert_params("rm", community_id=actor.community.id, event=removal, channel=source),
+                **insert_params("ev", community_id=community, event=event, channel=env.h),
+                **insert_params("rm", community_id=community, event=removal, channel=source),
             },
         )
     ).fetchone()
     if seq is None:
-        raise RuntimeError("revision insert returned no row")
+        return None
     published = [(env.h, event)]
     if removal is not None and source is not None:
         published.append((source, removal))

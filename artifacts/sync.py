@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime as dt
 import json
 import logging
 import uuid
@@ -39,7 +40,7 @@ from django.conf import settings
 from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
 from artifacts.heads import Head, head_reader
 from artifacts.query import ArtifactQuery, QueryError, matches, parse_sync_filter
-from artifacts.selectors import current_where
+from artifacts.selectors import HEAD_JOIN, current_where
 from buzz.access.policy import NOT_A_MEMBER, Denied, check_read, reader_scope
 from buzz.identity.actor import Actor
 from buzz.live import signals
@@ -115,8 +116,9 @@ class SyncSubscription:
         self.sub_id = sub_id
         self.query = query
         self._named = named
-        self._channels: frozenset[uuid.UUID] = frozenset()
-        self._channel_strs: frozenset[str] = frozenset()
+        self._channels: frozenset[uuid.UUID] = frozenset()  # the scope, once the policy has granted it
+        self._channel_strs = frozenset(str(c) for c in named)
+        self._expiry: asyncio.TimerHandle | None = None
         self._max_events: int = conf["max_events"]
         self._budget = conf["snapshot_budget_ms"] / 1000.0
         self._buffer_bytes: int = conf["buffer_bytes"]
@@ -137,10 +139,16 @@ class SyncSubscription:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sync:{self.sub_id}")
+        actor = self.host.actor
+        if actor is not None and actor.token_expires_at is not None:
+            # The credential's expiry changes the reader's access (rule 9): the sync ends at that instant.
+            delay = max(0.0, (actor.token_expires_at - dt.datetime.now(dt.UTC)).total_seconds())
+            self._expiry = asyncio.get_running_loop().call_later(delay, self.resync, "the connection's token expired")
 
     async def close(self) -> None:
         """CLOSE, a replacing REQ or a disconnect: the snapshot and every read end now (rule 8)."""
         self.ended = True
+        self._disarm_expiry()
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -155,10 +163,16 @@ class SyncSubscription:
         if self.ended:
             return
         self.ended = True
+        self._disarm_expiry()
         task = self._task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
         self.host.subscription_ended(self, reason)
+
+    def _disarm_expiry(self) -> None:
+        handle, self._expiry = self._expiry, None
+        if handle is not None:
+            handle.cancel()
 
     def resync(self, why: str) -> None:
         self.end(f"resync: {why}; start a new sync")
@@ -173,9 +187,11 @@ class SyncSubscription:
 
     async def _run(self) -> None:
         try:
-            if not await self._scope():
-                return
+            # Live interest first (rule 1), then the access check: an access change that commits between the
+            # two is signalled to a subscription that is already listening, never missed.
             if not await self._subscribe():
+                return
+            if not await self._scope():
                 return
             if not await self._initial_set():
                 return
@@ -190,10 +206,7 @@ class SyncSubscription:
             self.end("error: the sync failed; start a new sync")
 
     async def _scope(self) -> bool:
-        actor = self.host.actor
-        if actor is None:
-            self.end("auth-required: authenticate with NIP-42 AUTH first")
-            return False
+        actor = self._actor()
         try:
             channels = await reader_scope(actor, named=self._named)
         except Denied as err:
@@ -204,13 +217,15 @@ class SyncSubscription:
             self.end("error: could not check channel access; try again")
             return False
         self._channels = frozenset(channels)
-        self._channel_strs = frozenset(str(c) for c in channels)
-        return True
+        return not self.ended
 
     async def _subscribe(self) -> bool:
-        """Rule 1: live interest is confirmed by Redis, on a connection that is up, before the snapshot."""
+        """Rule 1: live interest is confirmed by Redis, on a connection that is up, before the snapshot:
+        each channel #h names, and the reader's own standing (bans, relay membership, tokens)."""
         community = self.host.community.id
+        actor = self._actor()
         topics = [topic_for_channel(community, c) for c in sorted(self._channel_strs)]
+        topics.append(signals.pubkey_topic(community, actor.pubkey))
         try:
             self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
         except HubUnavailable:
@@ -257,7 +272,7 @@ class SyncSubscription:
         actor = self._actor()
         where, args = current_where(actor, self.query, sorted(self._channels))
         sql = (
-            "SELECT a.d, r.seq, r.raw FROM artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id"  # noqa: S608
+            f"SELECT a.d, r.seq, r.raw FROM {HEAD_JOIN}"  # noqa: S608
             f" WHERE {where} AND a.d > %s ORDER BY a.d LIMIT %s"
         )
         pool = await runtime.snapshot_pool()
@@ -383,11 +398,24 @@ class SyncSubscription:
                 return
             self._changed(d)
         elif kind == signals.ACCESS:
-            if message.get("channel") in self._channel_strs:
-                # Rule 9: membership, visibility or deletion of a named channel; archive sends no access signal.
+            if message.get("channel") in self._channel_strs and self._concerns_reader(message):
+                # Rule 9: the reader's membership, the visibility or the deletion of a named channel. Archive
+                # sends no access signal; another member's membership changes nothing this reader can read.
                 self.resync("access to a channel of this sync changed")
+        elif kind == signals.STANDING:
+            actor = self.host.actor
+            if actor is None or signals.standing_concerns(message, pubkey=actor.pubkey, token_id=actor.token_id):
+                # A ban, a removal from the relay members, or a revoked token of this connection.
+                self.resync("the reader's access changed")
         elif kind == signals.RETIRED and message.get("channel") in self._channel_strs:
             self.resync("an artifact of this sync was retired by moderation")
+
+    def _concerns_reader(self, message: dict[str, Any]) -> bool:
+        if message.get("why") != signals.WHY_MEMBERSHIP:
+            return True
+        pubkey = message.get("pubkey")
+        actor = self.host.actor
+        return pubkey is None or actor is None or pubkey == actor.pubkey
 
     def on_loss(self, reason: LossReason, detail: str) -> None:
         self._live = None

@@ -1,60 +1,97 @@
-"""POST /query and POST /count: NIP-AR views over NIP-98-signed (or bearer) HTTP. Thin views."""
+"""POST /query and POST /count: NIP-AR views over NIP-98-signed (or bearer) HTTP. Thin views.
+
+The execution budget (BUZZ_QUERY_BUDGET_MS) bounds the whole request: authentication, the
+access reads and the view's statement. Every failure is JSON (buzz.web.errors.json_failures):
+an overrun, a pool timeout or a database failure is an `error:` reason with 503.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from artifacts import selectors
 from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query_body
-from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.identity.httpauth import authenticate
-from buzz.web.errors import error_response, refusal_response
+from buzz.web.errors import error_response, json_failures
 from buzz.web.views import community_of
 
 # Room for every filter within the advertised limits, however it is encoded: JSON may spell each
 # predicate byte as a six-character escape (\u0001), plus the filter's own syntax. Past it, 413.
 MAX_BODY = 6 * QUERY_LIMITS.max_total_bytes + 64 * 1024
 
+# A `current` or `history` answer that fills its page (exactly `limit` rows) says so: the body stays a
+# JSON array, and a full page may have more after it (NIP-AR: no incomplete result presented as
+# complete). `head` always answers for every named artifact, so its pages are never cut.
+PAGE_FULL_HEADER: Final = "Buzz-Page-Full"
+# With a full page: the offset of the next page, while it is within max_offset.
+NEXT_OFFSET_HEADER: Final = "Buzz-Next-Offset"
 
-async def _parse(request: HttpRequest) -> tuple[Actor, ArtifactQuery] | JsonResponse:
-    """Authenticate and parse; raises Refused (a query or auth refusal), or answers a transport error."""
+T = TypeVar("T")
+
+
+def _transport_error(request: HttpRequest) -> JsonResponse | None:
     if request.method != "POST":
         return error_response("invalid: use POST", status=405)
-    body = request.body
-    if len(body) > MAX_BODY:
+    if len(request.body) > MAX_BODY:
         return error_response(f"invalid: body larger than {MAX_BODY} bytes", status=413)
-    actor = await authenticate(request, community_of(request), body)
+    return None
+
+
+async def _within_budget(request: HttpRequest, read: Callable[[Actor, ArtifactQuery, float], Awaitable[T]]) -> T:
+    """Authenticate, parse and read, all within the budget; raises Refused (a QueryError past it)."""
+    deadline = asyncio.get_running_loop().time() + selectors.budget_seconds()
+    budget = asyncio.timeout_at(deadline)
     try:
-        decoded = json.loads(body)
-    except ValueError:
-        raise QueryError("invalid: body is not JSON") from None
-    return actor, parse_query_body(decoded)
+        async with budget:
+            body = request.body
+            actor = await authenticate(request, community_of(request), body)
+            try:
+                decoded = json.loads(body)
+            except (ValueError, RecursionError):
+                # RecursionError: nesting deeper than the decoder recurses is no filter either.
+                raise QueryError("invalid: body is not JSON") from None
+            return await read(actor, parse_query_body(decoded), deadline)
+    except TimeoutError:
+        if not budget.expired():
+            raise  # not the budget's: json_failures answers it
+        raise QueryError(selectors.BUDGET_EXCEEDED) from None
 
 
 @csrf_exempt
+@json_failures()
 async def query(request: HttpRequest) -> HttpResponse:
-    try:
-        parsed = await _parse(request)
-        if isinstance(parsed, JsonResponse):
-            return parsed
-        rows = await selectors.query_events(*parsed)
-    except Refused as err:
-        return refusal_response(err)
+    refused = _transport_error(request)
+    if refused is not None:
+        return refused
+
+    async def read(actor: Actor, q: ArtifactQuery, deadline: float) -> tuple[ArtifactQuery, list[str]]:
+        return q, await selectors.query_events(actor, q, deadline=deadline)
+
+    q, rows = await _within_budget(request, read)
     # Stored events are canonical JSON text already: join them instead of decoding and encoding again.
-    return HttpResponse("[" + ",".join(rows) + "]", content_type="application/json")
+    response = HttpResponse("[" + ",".join(rows) + "]", content_type="application/json")
+    full = q.mode != "head" and len(rows) == q.limit
+    response[PAGE_FULL_HEADER] = "true" if full else "false"
+    if full and q.offset + q.limit <= QUERY_LIMITS.max_offset:
+        response[NEXT_OFFSET_HEADER] = str(q.offset + q.limit)
+    return response
 
 
 @csrf_exempt
+@json_failures()
 async def count(request: HttpRequest) -> HttpResponse:
-    try:
-        parsed = await _parse(request)
-        if isinstance(parsed, JsonResponse):
-            return parsed
-        n = await selectors.count_events(*parsed)
-    except Refused as err:
-        return refusal_response(err)
-    return JsonResponse({"count": n})
+    refused = _transport_error(request)
+    if refused is not None:
+        return refused
+
+    async def read(actor: Actor, q: ArtifactQuery, deadline: float) -> int:
+        return await selectors.count_events(actor, q, deadline=deadline)
+
+    return JsonResponse({"count": await _within_budget(request, read)})

@@ -6,7 +6,7 @@ others with kind 9000). Closed loop, one EVENT in flight per client: send a sign
 kind-45010 revision, wait for its ["OK", id, true, ""]. Each client repeats a
 cycle: create a new artifact (op=create), then --updates updates (default 3) of
 that artifact, each naming the head the previous OK accepted as prev. So the mix
-is 1 create : 3 updates, and every update takes the head row lock (FOR UPDATE).
+is 1 create : 3 updates, and every update advances the head by compare-and-set.
 Counted for --seconds (default 10) after --warmup (default 2). Events are signed
 before the run (the chain's ids are known in advance), so the clients spend their
 CPU on the WebSocket only.

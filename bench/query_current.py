@@ -298,7 +298,8 @@ WITH auth AS (
   WHERE true {tag_predicates}
   ORDER BY c.d LIMIT %(limit)s
 )
-SELECT r.raw FROM page JOIN artifacts_revision r ON r.id = page.head_id ORDER BY page.d
+SELECT r.raw FROM page JOIN artifacts_revision r ON r.community_id = %(community)s AND r.id = page.head_id
+ORDER BY page.d
 """
 
 

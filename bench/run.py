@@ -158,6 +158,11 @@ register(
     " counts the silent divergences (must be 0)",
     Step("sync_chaos.py", 3600, lambda o: 0.0, takes_seconds=False),
 )
+register(
+    "artifact-timing",
+    'does the time of "head unavailable" tell an unreadable d from a missing one? median-of-11 accuracy vs 0.5',
+    Step("artifact_timing.py", 600, lambda o: 0.0, takes_seconds=False),
+)
 
 
 def run_script(step: Step, args: Sequence[str], env: dict[str, str], timeout: float) -> dict[str, Any]:

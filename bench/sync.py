@@ -129,7 +129,8 @@ def bare_keyset_read(database_url: str, community: int, channel: str) -> tuple[f
     import psycopg
 
     sql = (
-        "SELECT a.d, r.seq, r.raw FROM artifacts_artifact a JOIN artifacts_revision r ON r.id = a.head_id"
+        "SELECT a.d, r.seq, r.raw FROM artifacts_artifact a"
+        " JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
         " WHERE a.community_id = %s AND a.home = %s AND NOT a.deleted AND NOT a.retired AND a.d > %s"
         " ORDER BY a.d LIMIT 256"
     )

@@ -1,5 +1,6 @@
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -7,12 +8,41 @@ from django.utils import timezone
 
 from buzz.chat.bans import ban_add
 from buzz.chat.channels import ChannelError, channel_edit, member_remove
+from buzz.identity import communities
 from buzz.identity.tokens import token_revoke
 from buzz.models import ApiToken, Ban, Channel, Community, Membership, RelayMember, StoredEvent, Timeout
+
+# Relay members are added, changed and removed through buzz.identity.communities (member_add,
+# member_remove), as by `manage.py community`: a removal ends the pubkey's live subscriptions on every
+# node. A member's pubkey can't be edited in place (that would be a removal nobody is told of).
+
+
+class RelayMemberForm(forms.ModelForm[RelayMember]):
+    class Meta:
+        model = RelayMember
+        fields = ("community", "pubkey", "role")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None and "pubkey" in self.fields:
+            self.fields["pubkey"].disabled = True
+
+
+def _save_member(member: RelayMember) -> RelayMember:
+    saved, _ = communities.member_add(community=member.community, pubkey=member.pubkey, role=member.role)
+    return saved
+
+
+def _remove_members(members: QuerySet[RelayMember] | list[RelayMember]) -> int:
+    n = 0
+    for m in list(members):
+        n += communities.member_remove(community=m.community, pubkey=m.pubkey)
+    return n
 
 
 class RelayMemberInline(admin.TabularInline[RelayMember, Community]):
     model = RelayMember
+    form = RelayMemberForm
     extra = 0
     fields = ("pubkey", "role", "created_at")
     readonly_fields = ("created_at",)
@@ -31,12 +61,33 @@ class CommunityAdmin(admin.ModelAdmin[Community]):
         # Creating a community generates its relay key: use `manage.py community create`.
         return False
 
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        if formset.model is not RelayMember:
+            super().save_formset(request, form, formset, change)
+            return
+        instances = formset.save(commit=False)
+        _remove_members(formset.deleted_objects)
+        for member in instances:
+            member.community = form.instance
+            _save_member(member)
+
 
 @admin.register(RelayMember)
 class RelayMemberAdmin(admin.ModelAdmin[RelayMember]):
+    form = RelayMemberForm
     list_display = ("pubkey", "community", "role", "created_at")
     list_filter = ("role", "community")
     search_fields = ("pubkey",)
+
+    def save_model(self, request: HttpRequest, obj: RelayMember, form: Any, change: bool) -> None:
+        # The form has validated pubkey and role as the service does.
+        obj.pk = _save_member(obj).pk
+
+    def delete_model(self, request: HttpRequest, obj: RelayMember) -> None:
+        _remove_members([obj])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RelayMember]) -> None:
+        _remove_members(queryset.select_related("community"))
 
 
 @admin.register(StoredEvent)

@@ -2,7 +2,10 @@
 
 The front selects the community by Host before anything else runs. An unknown
 host gets a bare 404 over HTTP and a closed socket over WebSocket, and learns
-nothing else.
+nothing else. A Host header that is not `host[:port]` (or that is missing or sent
+twice) gets a bare 400 (RFC 9112 3.2), without a lookup, a cache entry or a log line:
+`localhost:7777.` is one (its port is not a number), while `localhost.:7777`, the
+fully qualified spelling, names the same community as `localhost:7777`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
 django_http = get_asgi_application()
 
-from buzz.identity.communities import directory  # noqa: E402  (needs Django set up first)
+from buzz.identity.communities import directory, host_header_ok  # noqa: E402  (needs Django set up first)
 from buzz.runtime import runtime  # noqa: E402
 from buzz.ws.consumer import RelayConsumer  # noqa: E402
 
@@ -25,21 +28,20 @@ _ws_app = RelayConsumer.as_asgi()
 
 
 def host_of(scope: Scope) -> str:
-    for name, value in scope.get("headers", ()):
-        if name == b"host":
-            return str(value.decode("latin-1"))
-    return ""
+    """The request's one Host header ("" when there is none, or more than one)."""
+    hosts = [value for name, value in scope.get("headers", ()) if name == b"host"]
+    return str(hosts[0].decode("latin-1")) if len(hosts) == 1 else ""
 
 
-async def _not_found(send: Any) -> None:
+async def _plain(send: Any, status: int, text: bytes) -> None:
     await send(
         {
             "type": "http.response.start",
-            "status": 404,
-            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"10")],
+            "status": status,
+            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(text)).encode())],
         }
     )
-    await send({"type": "http.response.body", "body": b"not found\n"})
+    await send({"type": "http.response.body", "body": text})
 
 
 async def _lifespan(receive: Any, send: Any) -> None:
@@ -58,13 +60,17 @@ async def application(scope: Scope, receive: Any, send: Any) -> None:
     if kind == "lifespan":
         await _lifespan(receive, send)
         return
-    community = await directory.lookup(host_of(scope))
+    host = host_of(scope)
+    well_formed = host_header_ok(host)
+    community = await directory.lookup(host) if well_formed else None
     if community is None:
         if kind == "websocket":
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": 1008})
+        elif well_formed:
+            await _plain(send, 404, b"not found\n")
         else:
-            await _not_found(send)
+            await _plain(send, 400, b"bad host\n")
         return
     scope = dict(scope)
     scope["community"] = community

@@ -9,6 +9,18 @@ from django.db import models
 HEX64 = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
 
 
+class ClockTimestamp(models.Func):
+    """The database's clock_timestamp(): the time of the statement, on the one clock every node shares.
+
+    Access changes (membership, visibility, deletion) are stamped with it, as head changes are
+    (artifacts.services), because incremental reads page on these stamps against the database's
+    start time (NIP-AR "Incremental reads"). Python's clock can differ between nodes.
+    """
+
+    template = "clock_timestamp()"
+    output_field = models.DateTimeField()
+
+
 class AdmissionMode(models.TextChoices):
     MEMBERS = "members", "members only"
     OPEN = "open", "any authenticated pubkey"
@@ -65,10 +77,15 @@ class StoredEvent(models.Model):
     """A signed event the relay accepted and serves back (kind-9 messages, relay-signed state...).
 
     `raw` is the event's JSON exactly as served, so reads never re-serialize.
-    Artifact revisions live in artifacts.Revision, not here.
+    Artifact revisions are stored here too (their channel's replay), besides artifacts.Revision.
+
+    Keyed by (community, id): communities are separate workspaces, and one signed event sent to two of
+    them is stored in each. `key` is a surrogate, because a foreign key (the tag index) can't point at a
+    composite key in Django; raw SQL keeps reading `id` as the NIP-01 event id.
     """
 
-    id = models.CharField(primary_key=True, max_length=64, validators=[HEX64])
+    key = models.BigAutoField(primary_key=True)
+    id = models.CharField(max_length=64, validators=[HEX64])
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="events")
     pubkey = models.CharField(max_length=64)
     kind = models.IntegerField()
@@ -79,6 +96,7 @@ class StoredEvent(models.Model):
     deleted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["community", "id"], name="stored_event_identity")]
         indexes = [
             models.Index(fields=["community", "kind", "-created_at"], name="event_kind_time"),
             models.Index(fields=["community", "channel_id", "-created_at"], name="event_channel_time"),
@@ -90,10 +108,11 @@ class StoredEvent(models.Model):
 
 
 class EventTag(models.Model):
-    """Single-letter tag index for NIP-01 `#x` filters: tag name and its FIRST value."""
+    """Single-letter tag index for NIP-01 `#x` filters: tag name and its FIRST value, per stored copy."""
 
-    event = models.ForeignKey(StoredEvent, on_delete=models.CASCADE, related_name="tag_index")
+    event = models.ForeignKey(StoredEvent, on_delete=models.CASCADE, related_name="tag_index", db_column="event_key")
     name = models.CharField(max_length=1)
+    # buzz.events.store refuses a longer value (or a NUL) before storage: INDEXED_VALUE_CHARS.
     value = models.CharField(max_length=4096)
 
     class Meta:
@@ -141,7 +160,11 @@ class Channel(models.Model):
     created_by = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     archived_at = models.DateTimeField(null=True, blank=True)
+    # Database clock (ClockTimestamp), as every access change below.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    access_changed_at = models.DateTimeField(
+        null=True, blank=True, help_text="last visibility change (database clock); empty if never changed"
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "uuid"], name="channel_uuid_unique")]
@@ -157,7 +180,8 @@ class Membership(models.Model):
     channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="memberships")
     pubkey = models.CharField(max_length=64, validators=[HEX64])
     role = models.CharField(max_length=8, choices=ChannelRole.choices, default=ChannelRole.MEMBER)
-    joined_at = models.DateTimeField(auto_now_add=True)
+    # Both on the database clock (ClockTimestamp): incremental reads page on them.
+    joined_at = models.DateTimeField(db_default=ClockTimestamp())
     removed_at = models.DateTimeField(null=True, blank=True)
     # Read state: the channel's message_count when this member last read (or posted).
     # Unread = ChannelStats.message_count - read_mark, so a message costs O(1) writes.
@@ -264,5 +288,6 @@ class Mention(models.Model):
     read_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["event_id", "pubkey"], name="mention_unique")]
+        # Per community: the same signed event may be stored in two communities (buzz.events.store).
+        constraints = [models.UniqueConstraint(fields=["community", "event_id", "pubkey"], name="mention_unique")]
         indexes = [models.Index(fields=["community", "pubkey", "-created_at"], name="mention_inbox")]

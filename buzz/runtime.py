@@ -12,13 +12,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.conf import settings
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, OperationalError
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from buzz.live.hub import Hub
 from buzz.live.publisher import Publisher
+from buzz.orm import socket_has_input
 
 T = TypeVar("T")
 
@@ -39,6 +40,18 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
+async def check_pooled(conn: AsyncConnection[Any]) -> None:
+    """The pool's checkout check: a connection whose backend died is replaced before anyone uses it.
+
+    An idle connection has nothing to read, so this costs no round trip unless its socket says the
+    server hung up (a terminated backend, a server restart); then an empty query decides. Raises if dead.
+    """
+    if conn.closed or conn.broken:
+        raise OperationalError("the connection is closed")
+    if socket_has_input(conn.pgconn.socket):
+        await AsyncConnectionPool.check_connection(conn)
+
+
 async def _open_pool(min_size: int, max_size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo_from_settings(),
@@ -47,6 +60,7 @@ async def _open_pool(min_size: int, max_size: int, timeout: float) -> AsyncConne
         kwargs={"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2},
         open=False,
         timeout=timeout,
+        check=check_pooled,
     )
     await pool.open(wait=min_size > 0, timeout=timeout)
     return pool

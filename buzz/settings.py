@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import sys
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -122,6 +123,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Admin login throttling (the block "Admin login throttling" below).
+    "axes",
     "buzz",
     "artifacts",
     "moderation",
@@ -129,12 +132,16 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # STATIC_URL from STATIC_ROOT (whitenoise), before sessions and the rest: buzz/web/static.py.
+    "buzz.web.static.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a lockout into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "buzz.urls"
@@ -175,9 +182,48 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# --- Static files -------------------------------------------------------------------
+# `manage.py collectstatic` (run by `make run`) fills STATIC_ROOT; buzz.web.static serves it.
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "var" / "static")))
 
+# --- Admin login throttling (django-axes) --------------------------------------------
+# Failed admin logins are counted per (username, client address): past the limit that pair is locked
+# out (HTTP 429) for the cool-off time, and a good login resets the count. Behind a proxy the client
+# address is the proxy's unless uvicorn runs with --proxy-headers (docs/operations.md).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT: int = env.int("BUZZ_ADMIN_LOGIN_FAILURES", default=5)
+AXES_COOLOFF_TIME = timedelta(seconds=env.int("BUZZ_ADMIN_LOCKOUT_SECONDS", default=900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+
+# --- Running behind a TLS-terminating proxy ------------------------------------------
+# SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto: https" makes a request that the proxy marks so count as
+# HTTPS (set it only when the proxy sets that header itself and strips it from clients).
+# CSRF_TRUSTED_ORIGINS: comma-separated origins (scheme://host[:port]) the admin's forms may come from
+# when they differ from the request's own. Outside dev mode cookies are always Secure, and every
+# trusted origin must be https: there is no setting that turns either off.
+CSRF_TRUSTED_ORIGINS: list[str] = [o for o in env.list("CSRF_TRUSTED_ORIGINS", default=[]) if o]
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if not (_origin.startswith("https://") or (DEV_MODE and _origin.startswith("http://"))):
+        raise ImproperlyConfigured(
+            f"CSRF_TRUSTED_ORIGINS: {_origin!r} must start with https://"
+            + ("" if DEV_MODE else " outside dev mode")
+            + " (e.g. https://relay.example.com)"
+        )
+_proxy_ssl_header = env.str("SECURE_PROXY_SSL_HEADER", default="").strip()
+if _proxy_ssl_header:
+    _name, _sep, _value = _proxy_ssl_header.partition(":")
+    _name, _value = _name.strip(), _value.strip()
+    if not _sep or not _name or not _value or not all(c.isalnum() or c in "-_" for c in _name):
+        raise ImproperlyConfigured(
+            f"SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https', not {_proxy_ssl_header!r}"
+        )
+    _meta = _name.upper().replace("-", "_")
+    SECURE_PROXY_SSL_HEADER = (_meta if _meta.startswith("HTTP_") else f"HTTP_{_meta}", _value)
 SESSION_COOKIE_SECURE = not DEV_MODE
 CSRF_COOKIE_SECURE = not DEV_MODE
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -189,6 +235,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # django-axes announces itself at every start (each manage.py command too); its lockouts stay logged.
+    "loggers": {"axes.apps": {"level": "WARNING"}},
 }
 
 # Relay protocol limits. Each one is enforced by the relay and advertised in NIP-11.

@@ -8,6 +8,10 @@ pubkey = authenticated identity):
   7. h tag; a channel-limited token must cover it
   8. member, or an open channel     9. not archived
 
+Before step 6 come a live token and relay admission: AUTH admits only relay members of a
+members-only community, and every decision checks it again, so a member removed while
+connected is refused from then on.
+
 Facts are loaded in one round trip (`load_access_many`, any number of channels)
 and decided by pure functions (`decide_post`, `decide_read`, `decide_manage`), so
 kind 9, NIP-29, REQ and COUNT, the counters, NIP-AR writes (which load the facts
@@ -53,6 +57,9 @@ KNOWN_SCOPES = frozenset(
 NOT_A_MEMBER = "restricted: not a channel member"
 ARCHIVED = "invalid: channel is archived"
 BANNED = "blocked: this pubkey is banned from the community"
+# Checked at AUTH (buzz.identity.communities.admitted) and again on every decision, so a member removed
+# while connected is refused from then on.
+NOT_ADMITTED = "restricted: not a relay member"
 MISSING_H = "invalid: event needs an h tag naming its channel"
 BAD_H = "invalid: h tag must be a lowercase channel UUID"
 TOKEN_INVALID = "auth-required: this token is revoked or expired"  # noqa: S105 - a message, not a secret
@@ -79,6 +86,7 @@ class ChannelAccess:
     banned: bool
     timeout_until: dt.datetime | None
     token_ok: bool = True
+    admitted: bool = True
 
     @property
     def exists(self) -> bool:
@@ -100,7 +108,8 @@ class Decision:
         return cls(False, reason, access)
 
 
-# One row per asked channel; the ban, timeout and token facts are the actor's, computed once.
+# One row per asked channel; the ban, timeout, token and admission facts are the actor's, computed once.
+# Admission: a members-only community admits its relay members only (the rule AUTH applies).
 _ACCESS_SQL = """
 SELECT q.u,
   EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = ANY(%(subjects)s)
@@ -109,7 +118,9 @@ SELECT q.u,
           AND t.until > now()),
   c.id, c.visibility, c.type, c.archived_at IS NOT NULL, c.deleted_at IS NOT NULL, m.role,
   (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s AND k.revoked_at IS NULL
-          AND (k.expires_at IS NULL OR k.expires_at > now())))
+          AND (k.expires_at IS NULL OR k.expires_at > now()))),
+  (NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(community)s
+          AND r.pubkey = %(pubkey)s))
 FROM unnest(%(channels)s::uuid[]) AS q(u)
 LEFT JOIN buzz_channel c ON c.community_id = %(community)s AND c.uuid = q.u
 LEFT JOIN buzz_membership m ON m.channel_id = c.id AND m.pubkey = %(pubkey)s AND m.removed_at IS NULL
@@ -157,6 +168,7 @@ async def load_access_many(
         "pubkey": actor.pubkey,
         "channels": list(channels),
         "token": actor.token_id,
+        "members_only": members_only(actor),
     }
     if conn is None:
         pool = await runtime.pool()
@@ -165,9 +177,10 @@ async def load_access_many(
     else:
         rows = await (await conn.execute(_ACCESS_SQL, params)).fetchall()
     out: dict[uuid.UUID, ChannelAccess] = {}
-    for channel, banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok in rows:
+    for channel, banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok, ok in rows:
         out[channel] = ChannelAccess(
             token_ok=bool(token_ok),
+            admitted=bool(ok),
             channel_pk=pk,
             visibility=visibility,
             type=ctype,
@@ -184,6 +197,10 @@ async def load_access(
     actor: Actor, channel: uuid.UUID, *, owner: str | None = None, conn: AsyncConnection[Any] | None = None
 ) -> ChannelAccess:
     return (await load_access_many(actor, [channel], owner=owner, conn=conn))[channel]
+
+
+def members_only(actor: Actor) -> bool:
+    return actor.community.admission != "open"
 
 
 def has_scope(actor: Actor, scope: str) -> bool:
@@ -204,6 +221,8 @@ def _standing(actor: Actor, channel: uuid.UUID, access: ChannelAccess, *, writin
     """The credential and moderation checks (steps 6-7): the denial reason, or None."""
     if not access.token_ok:
         return TOKEN_INVALID
+    if not access.admitted:
+        return NOT_ADMITTED
     if access.banned:
         return BANNED
     if writing and access.timeout_until is not None:
@@ -298,6 +317,8 @@ async def check_read_many(
 _READABLE_SQL = """
 SELECT c.uuid FROM buzz_channel c
 WHERE c.community_id = %(community)s AND c.deleted_at IS NULL
+  AND (NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(community)s
+       AND r.pubkey = %(pubkey)s))
   AND (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s
        AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())))
   AND NOT EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = %(pubkey)s
@@ -310,6 +331,8 @@ WHERE c.community_id = %(community)s AND c.deleted_at IS NULL
 
 _STANDING_SQL = """
 SELECT
+  (NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(community)s
+          AND r.pubkey = %(pubkey)s)),
   EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = %(pubkey)s
           AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())),
   (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s AND k.revoked_at IS NULL
@@ -318,28 +341,42 @@ SELECT
 
 
 async def check_reader(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> Decision:
-    """Reading without naming channels: the scope, a live token and no ban (the per-channel checks follow)."""
+    """Reading without naming channels: the scope, a live token, relay admission and no ban.
+
+    The per-channel checks follow. This is also what a live subscription re-checks on a standing signal.
+    """
     if not has_scope(actor, SCOPE_READ):
         return Decision.deny(f"restricted: this token lacks the {SCOPE_READ} scope")
-    params = {"community": actor.community.id, "pubkey": actor.pubkey, "token": actor.token_id}
+    params = _actor_params(actor)
     if conn is None:
         pool = await runtime.pool()
         async with pool.connection() as own:
             row = await (await own.execute(_STANDING_SQL, params)).fetchone()
     else:
         row = await (await conn.execute(_STANDING_SQL, params)).fetchone()
-    if row is None or not row[1]:
+    if row is None or not row[2]:
         return Decision.deny(TOKEN_INVALID)
-    if row[0]:
+    if not row[0]:
+        return Decision.deny(NOT_ADMITTED)
+    if row[1]:
         return Decision.deny(BANNED)
     return Decision(True)
+
+
+def _actor_params(actor: Actor) -> dict[str, Any]:
+    return {
+        "community": actor.community.id,
+        "pubkey": actor.pubkey,
+        "token": actor.token_id,
+        "members_only": members_only(actor),
+    }
 
 
 async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> list[uuid.UUID]:
     """Channels a REQ without #h covers: memberships and listed open channels (unlisted need an explicit #h)."""
     if not has_scope(actor, SCOPE_READ):
         return []
-    params = {"community": actor.community.id, "pubkey": actor.pubkey, "token": actor.token_id}
+    params = _actor_params(actor)
     if conn is None:
         pool = await runtime.pool()
         async with pool.connection() as own:

@@ -1,4 +1,4 @@
-"""Relay-level bans and timeouts (services). A ban also ends the pubkey's live subscriptions."""
+"""Relay-level bans and timeouts (services). A ban also ends the pubkey's live subscriptions, on every node."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import datetime as dt
 from django.db import transaction
 from django.utils import timezone
 
-from buzz.chat.channels import signal_channels_of
 from buzz.identity.communities import check_pubkey
 from buzz.live import signals
 from buzz.models import Ban, Community, Timeout
@@ -25,8 +24,9 @@ def ban_add(*, community: Community, pubkey: str, reason: str = "", duration: dt
             reason=reason,
             expires_at=timezone.now() + duration if duration else None,
         )
-        # Reads are refused to a banned pubkey: its open subscriptions re-check and end.
-        signal_channels_of(community, pubkey, why=signals.WHY_BAN)
+        # Reads are refused to a banned pubkey: every open subscription of it re-checks and ends, also
+        # those on open channels it reads without being a member (the signal goes to the pubkey's topic).
+        signals.publish_standing_on_commit(community.pk, pubkey, signals.WHY_BAN)
     return ban
 
 

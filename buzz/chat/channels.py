@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from buzz.access.policy import MANAGER_ROLES
@@ -25,6 +24,7 @@ from buzz.models import (
     ChannelRole,
     ChannelStats,
     ChannelType,
+    ClockTimestamp,
     Community,
     Membership,
     Visibility,
@@ -46,8 +46,9 @@ class ChannelError(Exception):
         self.reason = reason
 
 
-def _signal_access(channel: Channel, why: str) -> None:
-    signals.publish_on_commit(channel.community_id, channel.uuid, signals.access_message(channel.uuid, why))
+def _signal_access(channel: Channel, why: str, *, pubkey: str | None = None) -> None:
+    message = signals.access_message(channel.uuid, why, pubkey=pubkey)
+    signals.publish_on_commit(channel.community_id, channel.uuid, message)
 
 
 def active_members(channel: Channel) -> list[Membership]:
@@ -242,7 +243,7 @@ def member_put(
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, signals.WHY_MEMBERSHIP)
+        _signal_access(channel, signals.WHY_MEMBERSHIP, pubkey=pubkey)
     return membership
 
 
@@ -267,12 +268,13 @@ def member_remove(
             raise ChannelError("invalid: that pubkey is not a member")
         if target.role == ChannelRole.OWNER and _owners(channel) <= 1:
             raise ChannelError("invalid: the last owner can't leave or be removed")
-        target.removed_at = timezone.now()
+        # The database's clock, not this process's: incremental reads page on it (NIP-AR).
+        target.removed_at = ClockTimestamp()
         target.save(update_fields=["removed_at"])
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, signals.WHY_MEMBERSHIP)
+        _signal_access(channel, signals.WHY_MEMBERSHIP, pubkey=pubkey)
 
 
 EDITABLE = ("name", "about", "topic", "purpose", "visibility", "archived", "ttl", "listed")
@@ -334,7 +336,11 @@ def channel_edit(
                     channel.deadline = timezone.now() + dt.timedelta(seconds=int(value))
                 else:
                     raise ChannelError("invalid: ttl must be a number of seconds")
+        if access_changed:
+            channel.access_changed_at = ClockTimestamp()  # the database's clock, as every access change
         channel.save()
+        if access_changed:
+            channel.refresh_from_db(fields=["access_changed_at"])
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
@@ -351,7 +357,7 @@ def channel_delete(
         channel = _lock(community, channel_uuid)
         if actor is not None and role_of(channel, actor) != ChannelRole.OWNER:
             raise ChannelError("restricted: only an owner deletes a channel")
-        channel.deleted_at = timezone.now()
+        channel.deleted_at = ClockTimestamp()  # the database's clock, as every access change
         channel.save(update_fields=["deleted_at"])
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
@@ -375,18 +381,4 @@ def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, 
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        _signal_access(channel, signals.WHY_MEMBERSHIP)
-
-
-def signal_channels_of(community: Community, pubkey: str, *, why: str) -> None:
-    """After commit, every channel the pubkey is in re-checks its subscribers' access (bans)."""
-    for membership in memberships_of(community, pubkey):
-        _signal_access(membership.channel, why)
-
-
-def memberships_of(community: Community, pubkey: str) -> list[Membership]:
-    return list(
-        Membership.objects.filter(channel__community=community, pubkey=pubkey, removed_at__isnull=True)
-        .filter(Q(channel__deleted_at__isnull=True))
-        .select_related("channel")
-    )
+        _signal_access(channel, signals.WHY_MEMBERSHIP, pubkey=pubkey)

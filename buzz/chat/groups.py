@@ -12,8 +12,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
-
 from buzz.access.policy import SCOPE_CHANNELS_WRITE, SCOPE_WRITE, channel_of, check_manage
 from buzz.chat import channels as channel_services
 from buzz.chat.channels import ChannelError
@@ -23,6 +21,7 @@ from buzz.identity.actor import Actor
 from buzz.live import signals
 from buzz.models import Community
 from buzz.nostr import Event, ProtocolError
+from buzz.orm import orm_call
 
 KIND_PUT_USER = 9000
 KIND_REMOVE_USER = 9001
@@ -51,7 +50,7 @@ def _pubkey_tag(event: Event) -> tuple[str, str | None]:
 
 async def _run(fn: Callable[..., Any], **kwargs: Any) -> WriteResult:
     try:
-        await sync_to_async(fn, thread_sensitive=False)(**kwargs)
+        await orm_call(fn)(**kwargs)
     except ChannelError as err:
         if err.reason.startswith("duplicate:"):
             # NIP-01 pairs duplicate: with OK true: the state asked for already holds.

@@ -3,7 +3,8 @@
 With DATABASE_URL / REDIS_URL unset it starts embedded PostgreSQL and Redis with their
 data under ./var/ (see buzz.dev.devservices); with them set it uses those. While it
 serves, an embedded server that dies is restarted on the same port. It migrates,
-makes sure a community exists for localhost, then serves with uvicorn until Ctrl-C or
+collects the static files, makes sure a community exists for localhost, then serves with
+uvicorn until Ctrl-C or
 SIGTERM, and stops what it started.
 """
 
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         if migrate.returncode != 0:
             print(f"error: migrate failed (exit {migrate.returncode})", file=sys.stderr)
             return 1
+        # The admin's CSS and JavaScript, which the relay serves from STATIC_ROOT (buzz/web/static.py).
+        if _manage("collectstatic", "--noinput", "--verbosity", "0").returncode != 0:
+            print("warning: collectstatic failed; the admin will have no CSS", file=sys.stderr)
         _ensure_local_community(args.port)
 
         import uvicorn

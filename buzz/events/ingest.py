@@ -1,9 +1,12 @@
 """The write entry point shared by WebSocket EVENT and HTTP POST /events.
 
-It runs the checks every event gets (shape, id, signature, limits, time window,
-author = authenticated identity), then hands the event to the service
-registered for its kind. Apps register their kinds in AppConfig.ready(), so
-dependencies keep pointing one way (moderation -> artifacts -> buzz).
+It runs the checks every event gets (shape, id, signature, limits, what the
+database can store, time window, author = authenticated identity), then hands
+the event to the service registered for its kind. Apps register their kinds in
+AppConfig.ready(), so dependencies keep pointing one way (moderation ->
+artifacts -> buzz). The registry also says what NIP-11 advertises (a kind
+registered only to be refused is not) and which kinds can't be the NIP-10 root
+of a kind-9 reply.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from buzz.events.quotas import take_write_token
+from buzz.events.store import check_storable
 from buzz.failure_log import FailureLog
 from buzz.identity.actor import Actor
 from buzz.limits import Limits, limits
@@ -50,21 +54,42 @@ class KindService:
     # True when this exact event was accepted before: the resubmission succeeds without being applied
     # again, and is answered before the time window and the quota, so a late retry never fails.
     already_accepted: DuplicateCheck | None = None
+    # False: registered only so that its events get an explicit reason; every one is refused, and NIP-11
+    # does not list the kind in accepted_kinds.
+    accepts: bool = True
+    # The `invalid:` reason a kind-9 reply gets when its NIP-10 root is a stored event of this kind;
+    # None: events of this kind may root a thread.
+    root_refusal: str | None = None
 
 
 _services: dict[int, KindService] = {}
 
 
-def register_kind(kind: int, handler: KindHandler, *, already_accepted: DuplicateCheck | None = None) -> None:
+def register_kind(
+    kind: int,
+    handler: KindHandler,
+    *,
+    already_accepted: DuplicateCheck | None = None,
+    accepts: bool = True,
+    root_refusal: str | None = None,
+) -> None:
     """Called from AppConfig.ready(); a kind has exactly one service."""
-    service = KindService(handler, already_accepted)
+    if root_refusal is not None and not root_refusal.startswith("invalid: "):
+        raise ValueError("a root refusal is an invalid: reason")
+    service = KindService(handler, already_accepted, accepts, root_refusal)
     if kind in _services and _services[kind] != service:
         raise RuntimeError(f"kind {kind} already has a handler")
     _services[kind] = service
 
 
 def accepted_kinds() -> list[int]:
-    return sorted(_services)
+    """The kinds an event can be accepted in (NIP-11 `accepted_kinds`)."""
+    return sorted(kind for kind, service in _services.items() if service.accepts)
+
+
+def root_refusals() -> dict[int, str]:
+    """Kinds whose events can't be the NIP-10 root of a kind-9 reply, with the reason such a reply gets."""
+    return {kind: service.root_refusal for kind, service in _services.items() if service.root_refusal is not None}
 
 
 def event_id_of(raw: object) -> str:
@@ -101,6 +126,8 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
         return event_id, WriteResult.rejected("auth-required: authenticate with NIP-42 AUTH first")
     try:
         event = check_event(raw)
+        # Permanent: answered before anything is tried, never as a failed INSERT that says "try again".
+        check_storable(event)
     except ProtocolError as err:
         return event_id, WriteResult.rejected(err.reason)
     if event.pubkey != actor.pubkey:

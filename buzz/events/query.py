@@ -43,7 +43,7 @@ def _where(community_id: int, f: Filter, readable_channels: Sequence[uuid.UUID])
             where.append("e.channel_id = ANY(%s)")
             args.append([c for c in (parse_channel_id(v) for v in values) if c is not None])
         where.append(
-            "EXISTS (SELECT 1 FROM buzz_eventtag t WHERE t.event_id = e.id AND t.name = %s AND t.value = ANY(%s))"
+            "EXISTS (SELECT 1 FROM buzz_eventtag t WHERE t.event_key = e.key AND t.name = %s AND t.value = ANY(%s))"
         )
         args.extend([name, list(values)])
     return " AND ".join(where), args

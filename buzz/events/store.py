@@ -8,6 +8,11 @@ running its own round trip; the synchronous ORM services call `store_sync`, whic
 runs the same pieces on Django's connection. Withholding (a removed message, a
 redacted or expired revision) and replacing relay state also happen only here, so
 a change to how stored copies are kept is a change to this module alone.
+
+A stored copy is keyed by (community, event id): one signed event sent to two communities is
+stored in each, and everything found by event id is looked up within one community. The tag index
+points at the copy's surrogate `key`. `check_storable` refuses, before any write, what the columns
+can never hold, so such an event is `invalid:`, not a failed INSERT answered as transient.
 """
 
 from __future__ import annotations
@@ -18,10 +23,31 @@ from typing import Any
 
 from django.db import connection
 
-from buzz.nostr import Event
+from buzz.nostr import Event, ProtocolError
 
-# The stored copy's identity: what a resubmission of the same event collides on.
-CONFLICT_TARGET = "(id)"
+# The stored copy's identity: what a resubmission of the same event to the same community collides on.
+CONFLICT_TARGET = "(community_id, id)"
+
+# buzz_eventtag.value is varchar(4096): the first value of a single-letter tag, indexed for `#x` filters.
+INDEXED_VALUE_CHARS = 4096
+
+
+def check_storable(event: Event) -> None:
+    """Refuse what PostgreSQL can't store: U+0000 in any tag element (text can't hold it; tag names and
+    values are stored as text by the tag indexes), or an indexed tag value over INDEXED_VALUE_CHARS.
+    Content may hold U+0000: the stored JSON escapes it. Raises ProtocolError("invalid: ...")."""
+    for tag in event.tags:
+        for item in tag:
+            if "\x00" in item:
+                raise ProtocolError("invalid: tags can't contain U+0000 (NUL)")
+        if _indexed(tag) and len(tag[1]) > INDEXED_VALUE_CHARS:
+            raise ProtocolError(
+                f"invalid: the first value of a single-letter tag is at most {INDEXED_VALUE_CHARS} characters"
+            )
+
+
+def _indexed(tag: tuple[str, ...]) -> bool:
+    return len(tag) >= 2 and len(tag[0]) == 1 and tag[0].isascii() and tag[0].isalpha()
 
 
 def event_json(event: Event) -> str:
@@ -35,7 +61,7 @@ def indexed_tags(event: Event) -> tuple[list[str], list[str]]:
     values: list[str] = []
     seen: set[tuple[str, str]] = set()
     for tag in event.tags:
-        if len(tag) >= 2 and len(tag[0]) == 1 and tag[0].isascii() and tag[0].isalpha():
+        if _indexed(tag):
             key = (tag[0], tag[1])
             if key not in seen:
                 seen.add(key)
@@ -46,7 +72,7 @@ def indexed_tags(event: Event) -> tuple[list[str], list[str]]:
 
 def insert_ctes(name: str, key: str, *, source: str | None = None) -> str:
     """Two CTEs for a larger statement: `{name}` stores the event given by the `{key}_*` parameters
-    (see `insert_params`) and returns its id, `{name}_tags` writes its tag index.
+    (see `insert_params`) and returns its key and id, `{name}_tags` writes its tag index.
 
     Nothing is written when `{key}_id` is NULL (an optional event, such as the removal of a
     move that is not a move), when `source` names a CTE that returned no row, or when the
@@ -58,10 +84,10 @@ def insert_ctes(name: str, key: str, *, source: str | None = None) -> str:
   SELECT %({key}_id)s::varchar, %({key}_community)s::bigint, %({key}_pubkey)s::varchar, %({key}_kind)s::int,
          %({key}_created_at)s::bigint, %({key}_channel)s::uuid, %({key}_raw)s::text, now(){origin}
   WHERE %({key}_id)s::varchar IS NOT NULL
-  ON CONFLICT {CONFLICT_TARGET} DO NOTHING RETURNING id
+  ON CONFLICT {CONFLICT_TARGET} DO NOTHING RETURNING key, id
 ), {name}_tags AS (
-  INSERT INTO buzz_eventtag (event_id, name, value)
-  SELECT {name}.id, t.n, t.v FROM {name}, unnest(%({key}_tag_names)s::text[], %({key}_tag_values)s::text[]) AS t(n, v)
+  INSERT INTO buzz_eventtag (event_key, name, value)
+  SELECT {name}.key, t.n, t.v FROM {name}, unnest(%({key}_tag_names)s::text[], %({key}_tag_values)s::text[]) AS t(n, v)
 )"""  # noqa: S608 - identifiers come from code, values are placeholders
 
 
@@ -115,10 +141,10 @@ def discard_sync(*, community_id: int, channel: uuid.UUID, kinds: Iterable[int])
     """
     with connection.cursor() as cur:
         cur.execute(
-            "WITH gone AS (SELECT id, created_at FROM buzz_storedevent WHERE community_id = %s AND channel_id = %s"
+            "WITH gone AS (SELECT key, created_at FROM buzz_storedevent WHERE community_id = %s AND channel_id = %s"
             " AND kind = ANY(%s) FOR UPDATE),"
-            " tags AS (DELETE FROM buzz_eventtag WHERE event_id IN (SELECT id FROM gone)),"
-            " rows AS (DELETE FROM buzz_storedevent WHERE id IN (SELECT id FROM gone))"
+            " tags AS (DELETE FROM buzz_eventtag WHERE event_key IN (SELECT key FROM gone)),"
+            " rows AS (DELETE FROM buzz_storedevent WHERE key IN (SELECT key FROM gone))"
             " SELECT max(created_at) FROM gone",
             [community_id, channel, list(kinds)],
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from buzz.identity.communities import CommunityInfo
@@ -18,3 +19,5 @@ class Actor:
     channels: frozenset[str] | None = None
     # The ApiToken row behind a bearer credential; the policy re-checks it on every decision.
     token_id: int | None = None
+    # When that token expires (None: never). Live subscriptions re-check their standing at that instant.
+    token_expires_at: dt.datetime | None = None

@@ -7,26 +7,50 @@ from __future__ import annotations
 
 import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Final
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from buzz.live import signals
 from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
 from buzz.nostr import Signer
+from buzz.orm import orm_call
 from buzz.runtime import runtime
 
 _HOST_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
+# A Host header is `host [":" port]` (RFC 9110 7.2, RFC 3986 3.2.2): a name or an IP literal, then only
+# digits. The same shape Django's get_host accepts, so a host the front passes on never fails there.
+_HOST_HEADER_RE = re.compile(r"^(?:[a-z0-9.-]+|\[[a-f0-9]*:[a-f0-9.:]+\])(?::[0-9]{1,5})?$")
+# A 253-character DNS name, its root dot, ":" and five digits. Anything longer is refused unread.
+MAX_HOST_HEADER: Final = 260
+
+
+def host_header_ok(host: str) -> bool:
+    """Is this a well-formed Host header value? (RFC 9112 3.2: a server answers 400 to one that isn't.)"""
+    return 0 < len(host) <= MAX_HOST_HEADER and _HOST_HEADER_RE.match(host.lower()) is not None
+
+
 def normalize_host(host: str) -> str:
-    """Lowercase a Host header value and drop a trailing dot; keep a non-default port."""
-    value = host.strip().lower().rstrip(".")
-    if value.endswith(":80") or value.endswith(":443"):
-        value = value.rsplit(":", 1)[0]
-    return value
+    """Lowercase a Host header value, drop the root dot of a fully qualified name (`relay.example.` is
+    `relay.example`) and a default port; keep any other port. A value that isn't `host[:port]` (such as
+    `localhost:7777.`, whose port is not a number) is returned lowercased, so it names no community."""
+    value = host.strip().lower()
+    name, sep, port = value.rpartition(":")
+    if not (sep and port.isdigit()):
+        name, port = value, ""
+    if ":" in name and not name.startswith("["):
+        return value
+    if name.endswith("."):
+        name = name[:-1]
+    if port in ("80", "443"):
+        port = ""
+    return f"{name}:{port}" if port else name
 
 
 def _check_host(host: str) -> str:
@@ -90,6 +114,20 @@ def member_add(*, community: Community, pubkey: str, role: str = RelayRole.MEMBE
     return member, created
 
 
+def member_remove(*, community: Community, pubkey: str) -> bool:
+    """Remove a relay member. False when the pubkey was not one.
+
+    AUTH and every later access decision refuse it from then on (buzz.access.policy); after
+    commit, its open subscriptions on every node re-check and end with CLOSED "restricted: ...".
+    """
+    check_pubkey(pubkey)
+    with transaction.atomic():
+        deleted, _ = RelayMember.objects.filter(community=community, pubkey=pubkey).delete()
+        if deleted:
+            signals.publish_standing_on_commit(community.pk, pubkey, signals.WHY_RELAY_MEMBER)
+    return bool(deleted)
+
+
 def community_by_host(host: str) -> Community:
     """Raises Community.DoesNotExist for an unknown host."""
     return Community.objects.get(host=normalize_host(host))
@@ -113,23 +151,64 @@ class CommunityInfo:
 
 
 class CommunityDirectory:
-    """Host -> community lookup with a short-lived cache (one owner object per process)."""
+    """Host -> community lookup with short-lived, bounded caches (one owner object per process).
 
-    def __init__(self, ttl: float = 5.0) -> None:
+    Requests choose their community before any authentication, so the cache must not grow with what
+    clients send: known hosts are kept in an LRU of at most `max_size`, unknown ones apart in a smaller
+    LRU of `max_misses` (so a flood of made-up Host headers can't push known communities out), and a
+    malformed or over-long Host is never looked up nor cached.
+    """
+
+    def __init__(self, ttl: float = 5.0, *, max_size: int = 1024, max_misses: int = 256) -> None:
         self._ttl = ttl
-        self._cache: dict[str, tuple[float, CommunityInfo | None]] = {}
+        self._max_size = max_size
+        self._max_misses = max_misses
+        self._known: OrderedDict[str, tuple[float, CommunityInfo]] = OrderedDict()
+        self._unknown: OrderedDict[str, float] = OrderedDict()
 
     def clear(self) -> None:
-        self._cache.clear()
+        self._known.clear()
+        self._unknown.clear()
+
+    def sizes(self) -> tuple[int, int]:
+        """(known hosts cached, unknown hosts cached)."""
+        return len(self._known), len(self._unknown)
+
+    def _cached(self, key: str, now: float) -> tuple[bool, CommunityInfo | None]:
+        known = self._known.get(key)
+        if known is not None and known[0] > now:
+            self._known.move_to_end(key)
+            return True, known[1]
+        unknown = self._unknown.get(key)
+        if unknown is not None and unknown > now:
+            self._unknown.move_to_end(key)
+            return True, None
+        return False, None
+
+    def _store(self, key: str, expires: float, info: CommunityInfo | None) -> None:
+        if info is not None:
+            self._unknown.pop(key, None)
+            self._known[key] = (expires, info)
+            self._known.move_to_end(key)
+            while len(self._known) > self._max_size:
+                self._known.popitem(last=False)
+        else:
+            self._known.pop(key, None)
+            self._unknown[key] = expires
+            self._unknown.move_to_end(key)
+            while len(self._unknown) > self._max_misses:
+                self._unknown.popitem(last=False)
 
     async def lookup(self, host: str) -> CommunityInfo | None:
+        if not host_header_ok(host):
+            return None
         key = normalize_host(host)
-        hit = self._cache.get(key)
         now = time.monotonic()
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        info = await sync_to_async(_load_info, thread_sensitive=False)(key)
-        self._cache[key] = (now + self._ttl, info)
+        found, cached = self._cached(key, now)
+        if found:
+            return cached
+        info = await orm_call(_load_info)(key)
+        self._store(key, now + self._ttl, info)
         return info
 
 

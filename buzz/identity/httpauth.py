@@ -59,7 +59,11 @@ async def authenticate(request: HttpRequest, community: CommunityInfo, body: byt
     except Exception:
         raise AuthFailure("error: could not check the authorization, try again") from None
     if not fresh:
-        raise AuthFailure("auth-required: this authorization event was already used")
+        # NIP-98 events are deterministic: the same request signed twice in one second is the same event.
+        raise AuthFailure(
+            "auth-required: replayed authorization event (its id was already used);"
+            " sign a new one for each request, e.g. with a nonce tag"
+        )
     if not await admitted(community, auth.pubkey):
         raise AuthFailure("restricted: not a relay member")
     return Actor(community=community, pubkey=auth.pubkey)

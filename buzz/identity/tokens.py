@@ -13,10 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.utils import timezone
 
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted, check_pubkey
+from buzz.live import signals
 from buzz.models import ApiToken, Community
 from buzz.runtime import runtime
 
@@ -73,15 +75,18 @@ def token_create(
 
 
 def token_revoke(*, token_id: int) -> ApiToken:
-    row = ApiToken.objects.get(pk=token_id)
-    if row.revoked_at is None:
-        row.revoked_at = timezone.now()
-        row.save(update_fields=["revoked_at"])
+    """Revoke a token. Live subscriptions of connections authenticated by it end on every node, after commit."""
+    with transaction.atomic():
+        row = ApiToken.objects.select_for_update().get(pk=token_id)
+        if row.revoked_at is None:
+            row.revoked_at = timezone.now()
+            row.save(update_fields=["revoked_at"])
+            signals.publish_standing_on_commit(row.community_id, row.pubkey, signals.WHY_TOKEN_REVOKED, token=row.pk)
     return row
 
 
 _LOOKUP = """
-SELECT id, pubkey, scopes, channels FROM buzz_apitoken
+SELECT id, pubkey, scopes, channels, expires_at FROM buzz_apitoken
 WHERE token_hash = %s AND community_id = %s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
 """
 
@@ -98,7 +103,7 @@ async def authenticate_bearer(community: CommunityInfo, header: str | None) -> A
         row = await (await conn.execute(_LOOKUP, (hash_token(token), community.id))).fetchone()
     if row is None:
         return None
-    token_id, pubkey, scopes, channels = row
+    token_id, pubkey, scopes, channels, expires_at = row
     # A token never admits more than NIP-42 would: members-only communities need a relay member.
     if not await admitted(community, pubkey):
         return None
@@ -108,4 +113,5 @@ async def authenticate_bearer(community: CommunityInfo, header: str | None) -> A
         scopes=frozenset(scopes),
         channels=frozenset(str(uuid.UUID(c)) for c in channels) if channels is not None else None,
         token_id=token_id,
+        token_expires_at=expires_at,
     )

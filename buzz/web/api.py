@@ -1,16 +1,18 @@
 """Signed HTTP endpoints (NIP-98 or bearer token): POST /events, and a member's counters.
 
 Views are thin: authenticate, call one service or selector, answer JSON with the
-same reason texts as the WebSocket.
+same reason texts as the WebSocket. Every failure is JSON too (buzz.web.errors.json_failures):
+a database or Redis failure is an `error:` reason with 503, never Django's HTML 500.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from buzz.access.policy import check_read, parse_channel_id
@@ -19,10 +21,11 @@ from buzz.errors import Refused
 from buzz.events.ingest import event_id_of, ingest
 from buzz.identity.actor import Actor
 from buzz.identity.httpauth import authenticate
-from buzz.web.errors import error_response, refusal_response, status_of
+from buzz.web.errors import error_response, json_failures, refusal_response, status_of
 from buzz.web.views import community_of
 
 MAX_BODY = 1024 * 1024
+_EVENT_ID_RE = re.compile(r"[0-9a-f]{64}")
 
 
 async def _actor_or_error(request: HttpRequest, body: bytes) -> Actor | JsonResponse:
@@ -37,7 +40,12 @@ def _write_reply(event_id: str, ok: bool, message: str, status: int) -> JsonResp
     return JsonResponse({"event_id": event_id, "accepted": ok, "message": message}, status=status)
 
 
+def _write_failure(reason: str, status: int) -> HttpResponse:
+    return _write_reply("", False, reason, status)
+
+
 @csrf_exempt
+@json_failures(_write_failure)
 async def post_event(request: HttpRequest) -> JsonResponse:
     if request.method != "POST":
         return _write_reply("", False, "invalid: use POST", 405)
@@ -46,7 +54,8 @@ async def post_event(request: HttpRequest) -> JsonResponse:
         return _write_reply("", False, f"invalid: body larger than {MAX_BODY} bytes", 413)
     try:
         raw = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # RecursionError: nesting deeper than the decoder recurses (100,000 `[`) is not JSON we read.
         raw = None
     try:
         actor = await authenticate(request, community_of(request), body)
@@ -73,6 +82,7 @@ async def _readable_channel(request: HttpRequest, channel_id: str) -> tuple[Any,
     return actor, channel
 
 
+@json_failures()
 async def channel_counts(request: HttpRequest, channel_id: str) -> JsonResponse:
     """Messages in the channel, and the caller's unread count there."""
     if request.method != "GET":
@@ -84,6 +94,7 @@ async def channel_counts(request: HttpRequest, channel_id: str) -> JsonResponse:
 
 
 @csrf_exempt
+@json_failures()
 async def mark_read(request: HttpRequest, channel_id: str) -> JsonResponse:
     if request.method != "POST":
         return error_response("invalid: use POST", status=405)
@@ -93,15 +104,19 @@ async def mark_read(request: HttpRequest, channel_id: str) -> JsonResponse:
     return JsonResponse(await counters.mark_read(actor, channel))
 
 
+@json_failures()
 async def thread_counts(request: HttpRequest, channel_id: str, root_id: str) -> JsonResponse:
     if request.method != "GET":
         return error_response("invalid: use GET", status=405)
     actor, channel = await _readable_channel(request, channel_id)
     if channel is None:
         return actor  # type: ignore[no-any-return]
+    if not _EVENT_ID_RE.fullmatch(root_id):
+        return error_response("invalid: root must be an event id (64 lowercase hex characters)")
     return JsonResponse(await counters.thread_counts(actor, channel, root_id))
 
 
+@json_failures()
 async def unread(request: HttpRequest) -> JsonResponse:
     """Unread counts for every channel the caller is a member of."""
     if request.method != "GET":
@@ -112,6 +127,7 @@ async def unread(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"channels": await counters.unread_counts(actor)})
 
 
+@json_failures()
 async def mentions(request: HttpRequest) -> JsonResponse:
     """The caller's mention records, newest first, only from channels it can still read."""
     if request.method != "GET":

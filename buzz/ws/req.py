@@ -5,20 +5,24 @@ order NIP-AR Sync rule 1 names for REQ), holds live events that arrive during
 the stored read, and releases them after EOSE. An access signal on one of its
 channels pauses live delivery until the reader's access is checked again; a
 lost check or a lost hub connection ends the subscription with CLOSED, so a
-gap is never silent.
+gap is never silent. It also listens on its reader's pubkey topic: a standing
+signal (a ban, a removal from the relay members, a revoked token) and the
+expiry of the connection's token make it re-check the reader's standing in the
+same way, whatever channels it reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from buzz.access.policy import check_read
+from buzz.access.policy import check_read, check_reader
 from buzz.events.query import query_events
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
@@ -33,6 +37,9 @@ log = logging.getLogger(__name__)
 STORED_SEND_TIMEOUT = 10.0  # seconds the stored read may wait for room in the outbound queue
 SENT_IDS_GRACE = 30.0  # seconds after EOSE during which a live copy of a stored event is skipped
 LIVE_WAIT = 5.0  # seconds a REQ waits for a healthy hub before CLOSED "error:"
+# After a token's expiry instant by this process's clock, the database (whose clock decides) may not
+# agree yet: the re-check is repeated this often until it does.
+EXPIRY_RECHECK = 0.25
 
 
 def dumps(value: Any) -> str:
@@ -56,14 +63,19 @@ class ReqSubscription:
         self._sent_ids: set[str] | None = set()  # ids sent from storage; dropped after EOSE
         self._eose = False
         self._rechecks = 0
+        self._expiry: asyncio.TimerHandle | None = None
         self.ended = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"req:{self.sub_id}")
+        actor = self.host.actor
+        if actor is not None and actor.token_expires_at is not None:
+            self._arm_expiry(max(0.0, (actor.token_expires_at - dt.datetime.now(dt.UTC)).total_seconds()))
 
     async def close(self) -> None:
         """CLOSE from the client, a replacing REQ, or disconnect: stop reading and unsubscribe."""
         self.ended = True
+        self._disarm_expiry()
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -81,6 +93,7 @@ class ReqSubscription:
         # Ended from now on, not only once close() runs: no later callback may send an EVENT or a
         # second CLOSED, and the stored read stops before it queues anything more.
         self.ended = True
+        self._disarm_expiry()
         task = self._task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -90,13 +103,17 @@ class ReqSubscription:
 
     async def _run(self) -> None:
         try:
-            if self.channels:
-                topics = [topic_for_channel(self.host.community.id, c) for c in self._channel_strs]
-                try:
-                    self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
-                except HubUnavailable:
-                    self.end("error: live delivery is unavailable right now, try again")
-                    return
+            actor = self.host.actor
+            if actor is None:
+                raise RuntimeError("subscription without an authenticated actor")
+            topics = [topic_for_channel(self.host.community.id, c) for c in self._channel_strs]
+            # Standing signals about the reader, on every node (one topic per pubkey, shared by its subscriptions).
+            topics.append(signals.pubkey_topic(self.host.community.id, actor.pubkey))
+            try:
+                self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
+            except HubUnavailable:
+                self.end("error: live delivery is unavailable right now, try again")
+                return
             outbound = self.host.outbound
             sent: set[str] = set()
             self._sent_ids = sent
@@ -147,6 +164,11 @@ class ReqSubscription:
             if isinstance(channel, str) and channel in self._channel_strs:
                 self._rechecks += 1
                 asyncio.get_running_loop().create_task(self._recheck(channel))
+        elif kind == signals.STANDING:
+            actor = self.host.actor
+            if actor is not None and signals.standing_concerns(message, pubkey=actor.pubkey, token_id=actor.token_id):
+                self._rechecks += 1
+                asyncio.get_running_loop().create_task(self._recheck(None))
 
     def on_loss(self, reason: LossReason, detail: str) -> None:
         self._live = None
@@ -187,12 +209,34 @@ class ReqSubscription:
     def _forget_sent(self) -> None:
         self._sent_ids = None
 
-    async def _recheck(self, channel: str) -> None:
+    # --- token expiry -----------------------------------------------------------------
+
+    def _arm_expiry(self, delay: float) -> None:
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._expiry_due)
+
+    def _disarm_expiry(self) -> None:
+        handle, self._expiry = self._expiry, None
+        if handle is not None:
+            handle.cancel()
+
+    def _expiry_due(self) -> None:
+        self._expiry = None
+        if self.ended:
+            return
+        # Live delivery pauses from this instant until the policy has answered.
+        self._rechecks += 1
+        asyncio.get_running_loop().create_task(self._recheck(None, expiring=True))
+
+    async def _recheck(self, channel: str | None, *, expiring: bool = False) -> None:
+        """Re-check read access to `channel`, or the reader's standing (None); end the REQ if it is gone."""
         try:
             actor = self.host.actor
             if actor is None:
                 raise RuntimeError("subscription without an authenticated actor")
-            decision = await check_read(actor, uuid.UUID(channel))
+            if channel is None:
+                decision = await check_reader(actor)
+            else:
+                decision = await check_read(actor, uuid.UUID(channel))
         except Exception:
             log.exception("access re-check failed")
             self.end("error: could not re-check channel access; send REQ again")
@@ -205,6 +249,8 @@ class ReqSubscription:
                 reason = "restricted: " + reason
             self.end(reason)
             return
+        if expiring and not self.ended:
+            self._arm_expiry(EXPIRY_RECHECK)
         if self._eose:
             self._release_held()
 

@@ -19,9 +19,10 @@ HOST = "admin.test"
 
 @pytest.fixture
 def admin_client(db: None) -> Client:
-    User.objects.create_superuser("root", "root@example.com", "pw-for-tests")
+    user = User.objects.create_superuser("root", "root@example.com", "pw-for-tests")
     client = Client(HTTP_HOST=HOST)
-    assert client.login(username="root", password="pw-for-tests")
+    # django-axes refuses authenticate() without a request (Client.login has none): log the user in directly.
+    client.force_login(user)
     return client
 
 

@@ -174,7 +174,7 @@ async def test_post_events_statuses_and_ws_texts(world: World, relay_factory: An
         assert status == 401 and reason_of(body).startswith("auth-required:"), body
         assert (await post(relay, fresh, authorization=good))[0] == 200
         status, body = await post(relay, fresh, authorization=good)
-        assert (status, reason_of(body)) == (401, "auth-required: this authorization event was already used")
+        assert status == 401 and reason_of(body).startswith("auth-required: replayed authorization event")
         status, body = await post(relay, fresh, authorization="Bearer buzz_not-a-token")
         assert status == 401 and reason_of(body).startswith("auth-required:"), body
         # 403 at authentication: NIP-98 by a pubkey that is not a relay member.

@@ -222,7 +222,7 @@ async def test_counter_endpoints_need_a_reading_credential(team: Team, relay_fac
     first = await sync_to_async(request, thread_sensitive=False)(relay, "GET", counts, headers, b"")
     again = await sync_to_async(request, thread_sensitive=False)(relay, "GET", counts, headers, b"")
     assert first[0] == 200
-    assert again == (401, {"error": "auth-required: this authorization event was already used"})
+    assert again[0] == 401 and again[1]["error"].startswith("auth-required: replayed authorization event")
     # Signed for another path: refused.
     wrong = {"Host": HOST, "Authorization": nip98(t.bob, HOST, "GET", "/api/unread")}
     status, body = await sync_to_async(request, thread_sensitive=False)(relay, "GET", counts, wrong, b"")

@@ -380,8 +380,9 @@ def stocked(world: World) -> dict[str, dict[str, Any]]:
             rows,
         )
         cur.executemany(
-            "INSERT INTO buzz_eventtag (event_id, name, value) VALUES (%s, 'h', %s)",
-            [(r[0], str(channel)) for r in rows],
+            "INSERT INTO buzz_eventtag (event_key, name, value)"
+            " SELECT key, 'h', %s FROM buzz_storedevent WHERE community_id = %s AND id = %s",
+            [(str(channel), r[1], r[0]) for r in rows],
         )
     with psycopg.connect(relay_database_url(), autocommit=True) as conn:
         # Planner statistics for the bulk load, as after any bulk load (without them a page of the

@@ -248,6 +248,6 @@ def _retire(world: World, d: uuid.UUID) -> None:
 
     with transaction.atomic():
         artifact = Artifact.objects.get(community=world.community, d=d)
-        Revision.objects.filter(pk=artifact.head_id).update(redacted_at=timezone.now())
+        Revision.objects.filter(community=world.community, id=artifact.head_id).update(redacted_at=timezone.now())
         Artifact.objects.filter(pk=artifact.pk).update(retired=True)
         signals.publish_on_commit(world.community.pk, artifact.home, signals.retired_message(artifact.home, str(d)))

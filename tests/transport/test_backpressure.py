@@ -48,8 +48,9 @@ def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
             rows,
         )
         cur.executemany(
-            "INSERT INTO buzz_eventtag (event_id, name, value) VALUES (%s, 'h', %s)",
-            [(r[0], str(channel)) for r in rows],
+            "INSERT INTO buzz_eventtag (event_key, name, value)"
+            " SELECT key, 'h', %s FROM buzz_storedevent WHERE community_id = %s AND id = %s",
+            [(str(channel), r[1], r[0]) for r in rows],
         )
     return reader, channel
 

@@ -1,4 +1,4 @@
-"""`manage.py community ...`: create communities, admit members, list them."""
+"""`manage.py community ...`: create communities, admit and remove members, list them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from buzz.identity.communities import community_by_host, community_create, member_add, normalize_host
-from buzz.management.commands._common import actions, manage_command
+from buzz.identity.communities import community_create, member_add, member_remove
+from buzz.management.commands._common import actions, community_arg, manage_command
 from buzz.models import AdmissionMode, Community, RelayRole
 
 
@@ -31,6 +31,17 @@ class Command(BaseCommand):
         addm.add_argument("--host", required=True)
         addm.add_argument("pubkey", help="64 lowercase hex")
         addm.add_argument("--role", choices=RelayRole.values, default=RelayRole.MEMBER)
+
+        rm = add(
+            "remove-member",
+            "Remove a relay member. Its open subscriptions end at once on every node, and its later requests are"
+            " refused (restricted:).",
+        )
+        rm.add_argument("--host", required=True)
+        rm.add_argument("pubkey", help="64 lowercase hex")
+
+        members = add("members", "List the relay members of a community (pubkey, role, since).")
+        members.add_argument("--host", required=True)
 
         add("list", "List communities with their public URL, relay pubkey and member count.")
 
@@ -55,13 +66,21 @@ class Command(BaseCommand):
         self.stdout.write(f"created community {c.name!r} at {c.host} ({c.public_url}), relay pubkey {c.relay_pubkey}")
 
     def _add_member(self, opts: dict[str, Any]) -> None:
-        try:
-            community = community_by_host(opts["host"])
-        except Community.DoesNotExist:
-            raise CommandError(f"no community for host {normalize_host(opts['host'])}") from None
+        community = community_arg(opts["host"])
         member, created = member_add(community=community, pubkey=opts["pubkey"], role=opts["role"])
         verb = "added" if created else "updated"
         self.stdout.write(f"{verb} {member.pubkey} as {member.role} of {community.host}")
+
+    def _remove_member(self, opts: dict[str, Any]) -> None:
+        community = community_arg(opts["host"])
+        if not member_remove(community=community, pubkey=opts["pubkey"]):
+            raise CommandError(f"{opts['pubkey']} is not a relay member of {community.host}")
+        self.stdout.write(f"removed {opts['pubkey']} from {community.host}")
+
+    def _members(self, opts: dict[str, Any]) -> None:
+        community = community_arg(opts["host"])
+        for m in community.members.order_by("pubkey"):
+            self.stdout.write(f"{m.pubkey}\t{m.role}\t{m.created_at:%Y-%m-%d}")
 
     def _list(self, opts: dict[str, Any]) -> None:
         rows = Community.objects.order_by("host")
