@@ -32,9 +32,10 @@ HOST = "members-admin.test"
 @pytest.fixture
 def admin_client(transactional_db: None) -> Client:
     # transactional_db: the signal is published on commit, which a wrapping test transaction would withhold.
-    User.objects.create_superuser("root", "root@example.com", "pw-for-tests")
+    user = User.objects.create_superuser("root", "root@example.com", "pw-for-tests")
     client = Client(HTTP_HOST=HOST)
-    assert client.login(username="root", password="pw-for-tests")
+    # force_login: django-axes needs the request to authenticate a password login (tests/admin/test_admin_lockout.py).
+    client.force_login(user)
     return client
 
 
