@@ -10,8 +10,9 @@ The client's rules, from the spec's Sync section:
   when the head is a deletion or no longer matches the filter (the NIP-AR match rule),
   and inserts or replaces it otherwise. A 45011 removes the artifact it names.
 - rule 4 is the relay's ("never older"); the client cannot order heads by created_at,
-  but it can refuse a head it already knows to be older: one it held and replaced, or
-  one that a held head names as prev. A repeat of the held head changes nothing.
+  but it can refuse a head it already knows to be older: one this sync sent before a
+  later entry for that d, or one such an entry names as prev. A repeat of the last entry
+  for a d changes nothing.
 - on CLOSED "resync:" / "error:", a disconnect or a stalled initial read, start a new
   sync after a random delay that grows with each failure in a row (full jitter); the
   last complete set stays readable meanwhile and is marked stale.
@@ -35,8 +36,9 @@ from .filters import SyncFilter
 from .httpapi import RelayUrl
 from .revisions import KIND_ARTIFACT, KIND_REMOVAL, Head
 
-# Older ids remembered per d within one sync, to refuse an older head (rule 4, client side).
-SUPERSEDED_PER_D: Final = 16
+# Older ids remembered per d within one sync, to refuse an older head (rule 4, client side): two per
+# entry (the one it replaced and its prev), so about the last 16 entries of each d.
+SUPERSEDED_PER_D: Final = 32
 # CLOSED prefixes after which a new sync is the spec's answer; any other prefix ends the Sync.
 RETRY_PREFIXES: Final = frozenset({"resync", "error", "rate-limited"})
 
@@ -107,6 +109,9 @@ class SyncSet:
         self.items: dict[str, Event] = {}
         self.pending: dict[str, Event] | None = None
         self.stats = SyncStats()
+        # Per d, within one sync: the last entry applied, and ids known to be older than it (entries
+        # it replaced and the prev they named). Every revision is older than the one naming it in prev.
+        self._last: dict[str, str] = {}
         self._older: dict[str, deque[str]] = {}
 
     @property
@@ -116,7 +121,7 @@ class SyncSet:
     def begin(self) -> None:
         """A new sync: collect its initial set apart from the held one."""
         self.pending = {}
-        self._older = {}
+        self._last, self._older = {}, {}
 
     def initial(self, event: Event) -> None:
         """An entry before EOSE. A relay sends only heads in scope then; anything else is left out."""
@@ -136,40 +141,41 @@ class SyncSet:
         self.items = self.pending
         self.pending = None
         for d, event in self.items.items():
-            self._remember_older(d, Head.of(event).prev)
+            self._advance(d, event)
 
     def discard(self) -> None:
         """The sync failed before EOSE: what it sent is not a set and is dropped."""
         self.pending = None
 
-    def _remember_older(self, d: str, event_id: str | None) -> None:
-        if event_id is not None:
-            self._older.setdefault(d, deque(maxlen=SUPERSEDED_PER_D)).append(event_id)
+    def _advance(self, d: str, event: Event) -> None:
+        older = self._older.setdefault(d, deque(maxlen=SUPERSEDED_PER_D))
+        if d in self._last:
+            older.append(self._last[d])
+        prev = event.first("prev")
+        if prev is not None:
+            older.append(prev)
+        self._last[d] = event.id
 
     def live(self, event: Event) -> Change | None:
         """Apply one live entry after EOSE; the Change it made, or None when the set is unchanged."""
-        d = _d_of(event)
-        held = self.items.get(d)
-        if event.kind == KIND_REMOVAL:
-            # A move took the artifact where this reader cannot follow: it leaves the set.
-            self._remember_older(d, event.first("prev"))
-            if held is None:
-                return None
-            del self.items[d]
-            self._remember_older(d, held.id)
-            return Change(d, "remove", "moved", event)
-        if event.kind != KIND_ARTIFACT:
+        if event.kind not in (KIND_ARTIFACT, KIND_REMOVAL):
             raise ProtocolViolation(f"error: a sync sent kind {event.kind}")
-        if held is not None and held.id == event.id:
+        d = _d_of(event)
+        if self._last.get(d) == event.id:
             self.stats.repeats_ignored += 1
             return None
         if event.id in self._older.get(d, ()):
             self.stats.older_ignored += 1
             return None
+        self._advance(d, event)
+        held = self.items.get(d)
+        if event.kind == KIND_REMOVAL:
+            # A move took the artifact where this reader cannot follow: it leaves the set.
+            if held is None:
+                return None
+            del self.items[d]
+            return Change(d, "remove", "moved", event)
         head = Head.of(event)
-        self._remember_older(d, head.prev)
-        if held is not None:
-            self._remember_older(d, held.id)
         if head.deleted or not self.filter.matches(event):
             if held is None:
                 return None

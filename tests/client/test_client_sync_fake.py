@@ -388,15 +388,36 @@ async def test_live_heads_follow_the_match_rule_deletions_removals_repeats_and_o
     a3 = art(op="update", prev=a2, tags=[["status", "done"], ["prio", "1"]])
     b_del = art(op="delete", prev=b, h=H2)
     b_back = art(op="restore", prev=b_del, h=H2, tags=[["status", "open"], ["prio", "1"]])
-    live = [a2, b, c, e, f, g, other_type, a2, a3, a2, a, b_del, b, removal(g.first("d") or "", replaced=g),
-            removal("44444444-4444-4444-8444-444444444444"), b_back]  # fmt: skip
+    live = [
+        a2,
+        b,
+        c,
+        e,
+        f,
+        g,
+        other_type,
+        a2,
+        a3,
+        a2,
+        a,
+        b_del,
+        b,
+        removal(g.first("d") or "", replaced=g),
+        removal("44444444-4444-4444-8444-444444444444"),
+        b_back,
+    ]
     done = asyncio.Event()
 
     async def script(conn: FakeConnection) -> None:
         await conn.auth()
         sub, sent_filter = await conn.req()
-        assert sent_filter == {"artifact": "current", "#h": [H1, H2], "#type": [TYPE], "#status": ["open", "active"],
-                               "#prio": ["1"]}  # fmt: skip
+        assert sent_filter == {
+            "artifact": "current",
+            "#h": [H1, H2],
+            "#type": [TYPE],
+            "#status": ["open", "active"],
+            "#prio": ["1"],
+        }
         await conn.send("EVENT", sub, a.to_dict())
         await conn.send("EOSE", sub)
         for event in live:
