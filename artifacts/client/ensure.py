@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from .connection import Ok, Relay, RelayError
+from .connection import Ok, RelayError
 from .events import Event, Keys
 from .identity import derive_d
 from .revisions import Head, client_tags, content_text, next_revision, revision
@@ -47,6 +47,17 @@ class EnsureResult:
     attempts: int  # head reads (step 2 rounds)
 
 
+class Writer(Protocol):
+    """What ensure needs of a relay: EVENT/OK and the head view. connection.Relay is one."""
+
+    @property
+    def keys(self) -> Keys | None: ...
+
+    async def publish(self, event: Event, *, timeout: float = ...) -> Ok: ...
+
+    async def head(self, ds: Sequence[str], *, timeout: float = ...) -> dict[str, Event]: ...
+
+
 class EnsureRejected(RelayError):
     """A write was refused for another reason than a conflict (invalid:, restricted:, rate-limited: ...)."""
 
@@ -59,7 +70,7 @@ def _same(head: Event, title: str, content: str, tags: Sequence[Sequence[str]]) 
 
 
 async def ensure(
-    relay: Relay,
+    relay: Writer,
     *,
     channel: str,
     type: str,

@@ -9,7 +9,7 @@ process has its port, before any connection.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from artifacts.client import Keys
@@ -30,11 +30,11 @@ class ClientWorld:
     outsider: Keys  # not a relay member
     outsider_file: Path
     channel: str = ""  # private, A and B members
-    extra: dict[str, str] = field(default_factory=dict)
+    address: str = ""  # host:port the client connects to (the community's host)
 
     @property
     def url(self) -> str:
-        return self.relay.ws_url
+        return f"ws://{self.address}/"
 
     @property
     def a(self) -> Keys:
@@ -51,16 +51,19 @@ def write_key(path: Path, keys: Keys) -> Path:
     return path
 
 
-def admit(relay: RelayProcess, tmp: Path, *, members: int = 3) -> ClientWorld:
-    """The relay's community (host 127.0.0.1:<port>), `members` admitted keys with key files, one private
-    channel with A (its owner) and B."""
-    community = community_create(host=f"{relay.host}:{relay.port}", name="Client tests")
+def admit(relay: RelayProcess, tmp: Path, *, members: int = 3, address: str | None = None) -> ClientWorld:
+    """The relay's community, `members` admitted keys with key files, one private channel with A (its owner)
+    and B. The community's host is the address the client connects to: the relay's own 127.0.0.1:<port>
+    unless `address` names another (a proxy in front of it)."""
+    where = address or f"{relay.host}:{relay.port}"
+    community = community_create(host=where, name="Client tests")
     keys = [Keys.generate() for _ in range(members)]
     for k in keys:
         member_add(community=community, pubkey=k.pubkey)
     files = [write_key(tmp / f"key-{name}.hex", k) for name, k in zip("abcdefgh", keys, strict=False)]
     outsider = Keys.generate()
     world = ClientWorld(relay, community, keys, files, outsider, write_key(tmp / "key-outsider.hex", outsider))
+    world.address = where
     world.channel = make_channel(world, keys[:2])
     return world
 

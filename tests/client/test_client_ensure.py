@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,12 @@ async def test_restore_after_deletion_and_update_on_change(
         assert changed.outcome is Outcome.UPDATED
         same = await ensure(relay, **base, content={"days": 90}, tags=[["scope", "chat"]])
         assert (same.outcome, same.head_id) == (Outcome.UNCHANGED, changed.head_id)
-        retitled = await ensure(relay, **{**base, "title": "Chat retention"}, content={"days": 90},
-                                tags=[["scope", "chat"]])  # fmt: skip
-        retagged = await ensure(relay, **{**base, "title": "Chat retention"}, content={"days": 90},
-                                tags=[["scope", "all"]])  # fmt: skip
+        retitled = await ensure(
+            relay, **{**base, "title": "Chat retention"}, content={"days": 90}, tags=[["scope", "chat"]]
+        )
+        retagged = await ensure(
+            relay, **{**base, "title": "Chat retention"}, content={"days": 90}, tags=[["scope", "all"]]
+        )
         assert (retitled.outcome, retagged.outcome) == (Outcome.UPDATED, Outcome.UPDATED)
         head = (await relay.head([created.d]))[created.d]
         assert head.id == retagged.head_id and json.loads(head.content) == {"days": 90}
@@ -141,28 +144,36 @@ class MovingHead:
     """A stand-in relay whose head moves on before every write: each write is a conflict."""
 
     def __init__(self, keys: Keys, channel: str) -> None:
-        self.keys = keys
+        self.writer = keys
+        self.keys: Keys | None = keys
         self.channel = channel
         self.heads = 0
         self.sent: list[Event] = []
 
-    async def publish(self, event: Event) -> Ok:
+    async def publish(self, event: Event, *, timeout: float = 15.0) -> Ok:
         self.sent.append(event)
         return Ok(event.id, False, "conflict: head changed; fetch the current revision and reapply your change")
 
-    async def head(self, ds: list[str], *, timeout: float = 15.0) -> dict[str, Event]:
+    async def head(self, ds: Sequence[str], *, timeout: float = 15.0) -> dict[str, Event]:
         self.heads += 1
         d = ds[0]
-        event = revision(self.keys, d=d, h=self.channel, type=TYPE, op="update", title="other",
-                         prev=f"{self.heads:064x}", content={"n": self.heads})  # fmt: skip
+        event = revision(
+            self.writer,
+            d=d,
+            h=self.channel,
+            type=TYPE,
+            op="update",
+            title="other",
+            prev=f"{self.heads:064x}",
+            content={"n": self.heads},
+        )
         return {d: event}
 
 
 async def test_ensure_gives_up_after_its_attempts() -> None:
     keys = Keys.generate()
     relay = MovingHead(keys, "11111111-1111-4111-8111-111111111111")
-    result = await ensure(relay, channel=relay.channel, type=TYPE, key="k", title="T", content={}, attempts=3,
-                          keys=keys)  # type: ignore[arg-type]  # fmt: skip
+    result = await ensure(relay, channel=relay.channel, type=TYPE, key="k", title="T", content={}, attempts=3)
     assert result.outcome is Outcome.CONFLICT and result.attempts == 3
     assert result.message.endswith("(gave up after 3 attempts)")
     assert relay.heads == 3
@@ -177,10 +188,24 @@ async def test_nip42_and_the_nip98_head_view(relay_factory: Any, tmp_path: Path,
     assert refused.value.reason == "restricted: not a relay member"
     async with Relay.connect(world.url, world.a) as a, Relay.connect(world.url, world.keys[2]) as c:
         assert a.authenticated == world.a.pubkey
-        live = revision(world.a, d=derive_d(world.channel, TYPE, "x"), h=world.channel, type=TYPE, op="create",
-                        title="x", content="{}")  # fmt: skip
-        gone = revision(world.a, d=derive_d(world.channel, TYPE, "y"), h=world.channel, type=TYPE, op="create",
-                        title="y", content="{}")  # fmt: skip
+        live = revision(
+            world.a,
+            d=derive_d(world.channel, TYPE, "x"),
+            h=world.channel,
+            type=TYPE,
+            op="create",
+            title="x",
+            content="{}",
+        )
+        gone = revision(
+            world.a,
+            d=derive_d(world.channel, TYPE, "y"),
+            h=world.channel,
+            type=TYPE,
+            op="create",
+            title="y",
+            content="{}",
+        )
         assert (await a.publish(live)).accepted and (await a.publish(gone)).accepted
         deletion = next_revision(world.a, gone, "delete")
         assert (await a.publish(deletion)).accepted
