@@ -185,9 +185,13 @@ class World:
             raise SetupFailed(f"no NIP-11 document at {url.http}/ ({err})") from None
         if not isinstance(nip11.get("artifacts"), dict):
             raise SetupFailed("NIP-11 has no artifacts object: the relay does not advertise NIP-AR")
-        quota = (nip11.get("limitation") or {}).get("write_rate_limit") or {}
-        rate = float(quota.get("per_second") or 0) if isinstance(quota, dict) else 0.0
-        burst = float(quota.get("burst") or rate) if isinstance(quota, dict) else 0.0
+        limitation = nip11.get("limitation")
+        quota = limitation.get("write_rate_limit") if isinstance(limitation, dict) else None
+        try:
+            rate = float(quota.get("per_second") or 0) if isinstance(quota, dict) else 0.0
+            burst = float(quota.get("burst") or rate) if isinstance(quota, dict) else 0.0
+        except (TypeError, ValueError):
+            raise SetupFailed(f"NIP-11 limitation.write_rate_limit is malformed: {short(quota)}") from None
         actors: list[Actor] = []
         world = cls(url, nip11, actors, out)
         try:
