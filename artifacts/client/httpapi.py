@@ -100,6 +100,7 @@ def _reason(status: int, body: bytes) -> str:
 
 async def information(url: RelayUrl, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     """The NIP-11 relay information document."""
+    # RelayUrl.http is http:// or https:// by construction (S310 is about file: and custom schemes).
     req = urllib.request.Request(url.http + "/", headers={"Accept": "application/nostr+json"})  # noqa: S310
     status, body = await asyncio.to_thread(_request, req, timeout)
     if status != 200:

@@ -63,8 +63,11 @@ def test_nip98_header_is_accepted_by_the_relay_for_that_url_method_and_body_only
             verify_http_auth(header, url=url, method=method, body=other, now=now)
     # Two identical requests get two authorization events (relays accept each one once).
     again = nip98_header(KEYS, "http://127.0.0.1:7777/query", "POST", body)
-    decode = lambda h: json.loads(base64.b64decode(h.split(" ", 1)[1]))["id"]  # noqa: E731
-    assert decode(again) != decode(header)
+    assert auth_event_id(again) != auth_event_id(header)
+
+
+def auth_event_id(header: str) -> str:
+    return str(json.loads(base64.b64decode(header.split(" ", 1)[1]))["id"])
 
 
 def test_relay_urls_give_the_http_base() -> None:
