@@ -1,0 +1,66 @@
+"""A reference NIP-AR client: exact sync, set digest, deterministic d, ensure, and a conformance kit.
+
+Pure Python on websockets and coincurve: it imports nothing from the relay, so it runs
+against any NIP-AR relay. `python -m artifacts.client --help` is its command line.
+"""
+
+from .connection import AuthFailed, ConnectionLost, Ok, Relay, RelayError, Subscription
+from .digest import set_digest
+from .ensure import EnsureRejected, EnsureResult, Outcome, ensure
+from .events import Event, EventError, Keys
+from .filters import FilterError, SyncFilter
+from .httpapi import HttpError, RelayUrl, nip98_header
+from .identity import derive_d
+from .revisions import KIND_ARTIFACT, KIND_REMOVAL, Head, next_revision, revision
+from .sync import (
+    Backoff,
+    Change,
+    FetchedSet,
+    Restarting,
+    Sync,
+    SyncClosed,
+    Synced,
+    SyncRefused,
+    SyncSet,
+    SyncUpdate,
+    fetch_set,
+)
+
+__all__ = [
+    "KIND_ARTIFACT",
+    "KIND_REMOVAL",
+    "AuthFailed",
+    "Backoff",
+    "Change",
+    "ConnectionLost",
+    "EnsureRejected",
+    "EnsureResult",
+    "Event",
+    "EventError",
+    "FetchedSet",
+    "FilterError",
+    "Head",
+    "HttpError",
+    "Keys",
+    "Ok",
+    "Outcome",
+    "Relay",
+    "RelayError",
+    "RelayUrl",
+    "Restarting",
+    "Subscription",
+    "Sync",
+    "SyncClosed",
+    "SyncFilter",
+    "SyncRefused",
+    "SyncSet",
+    "SyncUpdate",
+    "Synced",
+    "derive_d",
+    "ensure",
+    "fetch_set",
+    "next_revision",
+    "nip98_header",
+    "revision",
+    "set_digest",
+]

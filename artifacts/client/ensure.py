@@ -1,0 +1,135 @@
+"""NIP-AR "Deterministic identity and the ensure flow": make "this record exists with this content" true.
+
+1. Send create (d derived from channel, type and key). Accepted: created. A duplicate of
+   an accepted event: duplicate, when that create is still the head (read to make sure: an
+   identical create, same second and content, may have been accepted, then deleted or
+   edited; then step 2 goes on from the head).
+2. On conflict, read the head (the head view, deletions included):
+   - a deletion: send restore with prev set to it (restored);
+   - live with the same title, content and client tags: unchanged;
+   - otherwise: send update with prev set to it (updated), or report the conflict
+     when the caller asks for that (on_differs="report").
+3. On a further conflict, repeat step 2, up to `attempts` times; then report conflict.
+
+A head that lives in another channel (the artifact was moved) or has another type is
+reported as a conflict: ensure never moves an artifact back or edits a foreign record.
+A conflict is an OK whose message starts with "conflict:".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal, Protocol
+
+from .connection import Ok, RelayError
+from .events import Event, Keys
+from .identity import derive_d
+from .revisions import Head, client_tags, content_text, next_revision, revision
+
+
+class Outcome(StrEnum):
+    CREATED = "created"
+    DUPLICATE = "duplicate"
+    RESTORED = "restored"
+    UNCHANGED = "unchanged"
+    UPDATED = "updated"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True, slots=True)
+class EnsureResult:
+    outcome: Outcome
+    d: str
+    head_id: str | None  # the revision now current as far as this call knows (None when unreadable)
+    message: str  # the relay's last OK message, or why it is a conflict
+    attempts: int  # head reads (step 2 rounds)
+
+
+class Writer(Protocol):
+    """What ensure needs of a relay: EVENT/OK and the head view. connection.Relay is one."""
+
+    @property
+    def keys(self) -> Keys | None: ...
+
+    async def publish(self, event: Event, *, timeout: float = ...) -> Ok: ...
+
+    async def head(self, ds: Sequence[str], *, timeout: float = ...) -> dict[str, Event]: ...
+
+
+class EnsureRejected(RelayError):
+    """A write was refused for another reason than a conflict (invalid:, restricted:, rate-limited: ...)."""
+
+
+def _same(head: Event, title: str, content: str, tags: Sequence[Sequence[str]]) -> bool:
+    def norm(ts: Sequence[Sequence[str]]) -> list[list[str]]:
+        return sorted(list(t) for t in ts)
+
+    return head.first("title") == title and head.content == content and norm(client_tags(head)) == norm(tags)
+
+
+async def ensure(
+    relay: Writer,
+    *,
+    channel: str,
+    type: str,
+    key: str,
+    title: str,
+    content: str | Any,
+    tags: Sequence[Sequence[str]] = (),
+    on_differs: Literal["update", "report"] = "update",
+    attempts: int = 5,
+    keys: Keys | None = None,
+) -> EnsureResult:
+    """Run the ensure flow over `relay` (signed with `keys`, default the connection's key)."""
+    signer = keys or relay.keys
+    if signer is None:
+        raise ValueError("ensure needs a key to sign with")
+    if attempts < 1:
+        raise ValueError("attempts must be at least 1")
+    text = content_text(content)
+    extra = [list(t) for t in tags]
+    d = derive_d(channel, type, key)
+
+    async def send(event: Event) -> Ok:
+        ok = await relay.publish(event)
+        if not ok.accepted and ok.prefix != "conflict":
+            raise EnsureRejected(ok.message or "error: refused without a reason")
+        return ok
+
+    create = revision(signer, d=d, h=channel, type=type, op="create", title=title, content=text, tags=extra)
+    ok = await send(create)
+    if ok.accepted and ok.prefix != "duplicate":
+        return EnsureResult(Outcome.CREATED, d, create.id, ok.message, 0)
+    duplicate, last = ok.accepted, ok.message
+    for attempt in range(1, attempts + 1):
+        heads = await relay.head([d], timeout=15.0)
+        head = heads.get(d)
+        if duplicate and head is not None and head.id == create.id:
+            # The spec's step 1 stops at a duplicate. That is right while our create is still the head; but the
+            # same create (same second, same content) may have been accepted long ago and deleted or edited
+            # since, so the head decides.
+            return EnsureResult(Outcome.DUPLICATE, d, create.id, last, attempt)
+        if head is None:
+            return EnsureResult(Outcome.CONFLICT, d, None, f"{last} (and no head this key can read)", attempt)
+        env = Head.of(head)
+        if env.type != type or env.h != channel:
+            where = f"type {env.type}" if env.type != type else f"channel {env.h}"
+            return EnsureResult(Outcome.CONFLICT, d, head.id, f"conflict: the artifact has {where}", attempt)
+        if env.deleted:
+            event = next_revision(signer, head, "restore", title=title, content=text, tags=extra)
+            outcome = Outcome.RESTORED
+        elif _same(head, title, text, extra):
+            return EnsureResult(Outcome.UNCHANGED, d, head.id, "", attempt)
+        elif on_differs == "report":
+            return EnsureResult(Outcome.CONFLICT, d, head.id, "conflict: the artifact has other content", attempt)
+        else:
+            event = next_revision(signer, head, "update", title=title, content=text, tags=extra)
+            outcome = Outcome.UPDATED
+        ok = await send(event)
+        if ok.accepted:
+            # A duplicate here is our own earlier send of this very event: it is what we did.
+            return EnsureResult(outcome, d, event.id, ok.message, attempt)
+        last = ok.message
+    return EnsureResult(Outcome.CONFLICT, d, None, f"{last} (gave up after {attempts} attempts)", attempts)

@@ -1,0 +1,96 @@
+"""`python -m artifacts.client conformance` against real relay processes.
+
+* This relay passes every check it advertises; the sync checks are skipped, each saying
+  that the relay does not advertise artifacts.sync. The relay runs with its default write
+  quota: the suite paces itself to the quota NIP-11 advertises.
+* A deliberately broken build (tests/client/broken_relay.py: the head view drops the last
+  event of a multi-d answer) fails exactly the head-view rule, named, and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from tests.client.client_support import NO_QUOTA, ClientWorld, admit
+from tests.support.relay import RelayProcess, relays_key
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+HEAD_RULE = "head view: returns the current revision of every named artifact, deletions included"
+
+
+async def conformance(world: ClientWorld) -> tuple[int, list[str]]:
+    files = [str(f) for f in world.key_files]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "artifacts.client",
+        "conformance",
+        "--relay",
+        world.url,
+        "--key-file",
+        files[0],
+        "--key-file",
+        files[1],
+        "--key-file",
+        files[2],
+        cwd=BASE_DIR,
+        env=dict(os.environ),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 100)
+    assert err.decode() == "", err.decode()
+    return proc.returncode or 0, out.decode().splitlines()
+
+
+def verdicts(lines: list[str], verdict: str) -> list[str]:
+    return [line.removeprefix(verdict + " ") for line in lines if line.startswith(verdict + " ")]
+
+
+@pytest.mark.slow
+async def test_this_relay_passes_what_it_advertises(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
+    world = await sync_to_async(admit)(relay_factory(), tmp_path)
+    code, lines = await conformance(world)
+    report = "\n".join(lines)
+    passed, failed, skipped = verdicts(lines, "PASS"), verdicts(lines, "FAIL"), verdicts(lines, "SKIP")
+    assert (code, failed) == (0, []), report
+    assert lines[-1] == f"{len(passed)} passed, 0 failed", report
+    # This relay advertises everything the suite checks, sync included: nothing is skipped.
+    assert skipped == [], report
+    areas = {p.split(":")[0] for p in passed}
+    assert {
+        "envelope",
+        "identity",
+        "cas",
+        "access",
+        "move",
+        "delete",
+        "views",
+        "limits",
+        "head view",
+        "ensure",
+        "sync",
+    } <= areas, areas
+
+
+@pytest.mark.slow
+async def test_a_broken_head_view_fails_naming_the_rule(
+    request: pytest.FixtureRequest, transactional_db: None, tmp_path: Path, redis_flush: Any
+) -> None:
+    relay = RelayProcess(app="tests.client.broken_relay:application", env=NO_QUOTA)
+    request.node.stash[relays_key] = [relay]
+    with relay:
+        world = await sync_to_async(admit)(relay, tmp_path)
+        code, lines = await conformance(world)
+    report = "\n".join(lines)
+    failed = verdicts(lines, "FAIL")
+    assert code == 1, report
+    assert len(failed) == 1 and failed[0].startswith(HEAD_RULE + ": the head view returned 4 of 5"), report
+    assert lines[-1] == f"{len(verdicts(lines, 'PASS'))} passed, 1 failed", report
