@@ -38,11 +38,14 @@ WARMUP = 6
 # op -> (database round trips, PUBLISHes). The duplicate check (one statement on its own connection)
 # comes first for every revision; then one transaction, BEGIN to COMMIT.
 PINNED = {
-    "create": (5, 1),  # duplicate check; BEGIN, policy read, the create statement, COMMIT
-    "update": (7, 1),  # duplicate check; BEGIN, head lock, policy read, head's tags, the advance, COMMIT
-    "move": (8, 2),  # as an update, with a policy read of the destination too; the arrival and the removal
-    "delete": (7, 1),
-    "restore": (7, 1),
+    "create": (5, 1),  # duplicate check; BEGIN, policy read, the create statement (root anchor in it), COMMIT
+    "update": (
+        6,
+        1,
+    ),  # duplicate check; BEGIN, the artifact (no lock), policy read, the compare-and-set advance, COMMIT
+    "move": (6, 2),  # as an update: one policy read covers the home and the destination; the arrival and the removal
+    "delete": (6, 1),
+    "restore": (6, 1),
     "create resubmitted": (1, 0),  # the duplicate check answers
 }
 

@@ -21,7 +21,10 @@ from tests.support.inprocess import community_info
 
 HOST = "httpauth.test"
 PATH = "/api/unread"
-USED = "auth-required: this authorization event was already used"
+USED = (
+    "auth-required: replayed authorization event (its id was already used); sign a new one for each request,"
+    " e.g. with a nonce tag"
+)
 
 
 @pytest.fixture
