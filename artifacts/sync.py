@@ -133,6 +133,7 @@ class SyncSubscription:
         # Changed d not read yet, in arrival order (held before EOSE, live after).
         self._pending: dict[str, None] = {}
         self._wake = asyncio.Event()
+        self._live_phase = False  # EOSE has been queued
         self.ended = False
 
     # --- lifecycle (buzz.ws.host.Subscription) --------------------------------------
@@ -266,6 +267,7 @@ class SyncSubscription:
         if self.ended:
             return False
         await self.host.outbound.put(_dumps(["EOSE", self.sub_id]), timeout=SEND_TIMEOUT)
+        self._live_phase = True
         return not self.ended
 
     async def _snapshot(self, buffer: _ByteBuffer) -> None:
@@ -407,8 +409,12 @@ class SyncSubscription:
             if actor is None or signals.standing_concerns(message, pubkey=actor.pubkey, token_id=actor.token_id):
                 # A ban, a removal from the relay members, or a revoked token of this connection.
                 self.resync("the reader's access changed")
-        elif kind == signals.RETIRED and message.get("channel") in self._channel_strs:
+        elif kind == signals.RETIRED and message.get("channel") in self._channel_strs and self._may_hold(message):
             self.resync("an artifact of this sync was retired by moderation")
+
+    def _may_hold(self, message: dict[str, Any]) -> bool:
+        """Rule 6: only a sync whose set holds the retired artifact, or whose set is still being read, can hold it."""
+        return not self._live_phase or message.get("d") in self._holds
 
     def _concerns_reader(self, message: dict[str, Any]) -> bool:
         if message.get("why") != signals.WHY_MEMBERSHIP:

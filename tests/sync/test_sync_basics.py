@@ -226,7 +226,9 @@ async def test_a_forced_retirement_resyncs_the_syncs_that_hold_it(world: World, 
         await write(w, created)
         holds = await open_sync(r, "holds", {"artifact": "current", "#h": [str(world.a)]})
         other = await open_sync(r, "other", {"artifact": "current", "#h": [str(world.b)]})
-        assert str(d) in holds.heads and other.eose
+        # Same channel, but its filter never held the artifact: nothing to tell it.
+        narrow = await open_sync(r, "narrow", {"artifact": "current", "#h": [str(world.a)], "#status": ["x"]})
+        assert str(d) in holds.heads and other.eose and str(d) not in narrow.heads
         await sync_to_async(_retire)(world, d)
         await follow(r, "holds", holds, lambda s: False)
         assert holds.closed is not None and holds.closed.startswith("resync:"), holds.closed
@@ -235,6 +237,10 @@ async def test_a_forced_retirement_resyncs_the_syncs_that_hold_it(world: World, 
         await write(w, marker)
         await follow(r, "other", other, lambda s: marker["id"] in {e["id"] for e in s.heads.values()})
         assert other.closed is None
+        in_a = revision(world.owner, uuid.uuid4(), world.a, "create", tags=[["status", "x"]])
+        await write(w, in_a)
+        await follow(r, "narrow", narrow, lambda s: in_a["id"] in {e["id"] for e in s.heads.values()})
+        assert narrow.closed is None
         again = await open_sync(r, "again", {"artifact": "current", "#h": [str(world.a)]})
         assert str(d) not in again.heads
 
@@ -251,3 +257,19 @@ def _retire(world: World, d: uuid.UUID) -> None:
         Revision.objects.filter(community=world.community, id=artifact.head_id).update(redacted_at=timezone.now())
         Artifact.objects.filter(pk=artifact.pk).update(retired=True)
         signals.publish_on_commit(world.community.pk, artifact.home, signals.retired_message(artifact.home, str(d)))
+
+
+async def test_a_set_larger_than_max_events_is_closed_without_eose(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**RELAY_ENV, BUZZ_SYNC_MAX_EVENTS="5", BUZZ_SYNC_PAGE_ROWS="2")
+    async with RelayClient.connect(relay.ws_url, host=HOST) as w, RelayClient.connect(relay.ws_url, host=HOST) as r:
+        assert (await w.auth(world.owner))[2] is True
+        assert (await r.auth(world.reader))[2] is True
+        for _ in range(5):
+            await write(w, revision(world.owner, uuid.uuid4(), world.a, "create"))
+        at_bound = await open_sync(r, "five", {"artifact": "current", "#h": [str(world.a)]})
+        assert at_bound.eose and len(at_bound.heads) == 5
+        await write(w, revision(world.owner, uuid.uuid4(), world.a, "create"))
+        over = await open_sync(r, "six", {"artifact": "current", "#h": [str(world.a)]})
+        # Never a partial set: no EOSE, and a reason that names the bound.
+        assert not over.eose and over.closed is not None, over.closed
+        assert over.closed.startswith("error:") and "max_events" in over.closed, over.closed

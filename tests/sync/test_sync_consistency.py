@@ -230,9 +230,10 @@ def _fits(
 
 
 @pytest.mark.timeout(600)
-async def test_every_eose_is_one_cut_and_live_sets_converge_across_two_nodes(world: World, relay_factory: Any) -> None:
+@pytest.mark.parametrize("node_count", [1, 2])
+async def test_every_eose_is_one_cut_and_live_sets_converge(world: World, relay_factory: Any, node_count: int) -> None:
     # Small pages: the initial set spans many keyset pages, which must all come from one snapshot.
-    nodes = [relay_factory(**RELAY_ENV, BUZZ_SYNC_PAGE_ROWS="3") for _ in range(2)]
+    nodes = [relay_factory(**RELAY_ENV, BUZZ_SYNC_PAGE_ROWS="3") for _ in range(node_count)]
     urls = [n.ws_url for n in nodes]
     ledger = Ledger()
     ds = [uuid.uuid4() for _ in range(48)]
@@ -243,14 +244,14 @@ async def test_every_eose_is_one_cut_and_live_sets_converge_across_two_nodes(wor
         stop = asyncio.Event()
         sync_task = asyncio.create_task(syncer(urls, world, stop, random.Random(7)))
         writers = asyncio.gather(
-            *(writer(urls[i % 2], world, ds[i::4], 120, random.Random(i), ledger) for i in range(4))
+            *(writer(urls[i % len(urls)], world, ds[i::4], 120, random.Random(i), ledger) for i in range(4))
         )
         follow_tasks = []
         # Long-lived syncs open while the writers run, so changes arrive during their initial read (held, then
         # sent after EOSE) as well as after it.
         for i in range(6):
             await asyncio.sleep(0.4)
-            c = await stack.enter_async_context(RelayClient.connect(urls[i % 2], host=HOST))
+            c = await stack.enter_async_context(RelayClient.connect(urls[i % len(urls)], host=HOST))
             assert (await c.auth(world.reader))[2] is True
             state = await open_sync(c, "follow", FILTERS[i % len(FILTERS)](world))
             assert state.eose, state.closed
@@ -268,7 +269,7 @@ async def test_every_eose_is_one_cut_and_live_sets_converge_across_two_nodes(wor
             task.cancel()
         for i, (c, state) in enumerate(followers):
             assert state.closed is None, state.closed
-            async with RelayClient.connect(urls[(i + 1) % 2], host=HOST) as fresh:
+            async with RelayClient.connect(urls[(i + 1) % len(urls)], host=HOST) as fresh:
                 assert (await fresh.auth(world.reader))[2] is True
                 target = (await open_sync(fresh, "fresh", state.flt)).digest()
             await follow(c, "follow", state, lambda s, t=target: s.digest() == t, timeout=30.0)
