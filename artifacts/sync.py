@@ -82,6 +82,8 @@ class _ByteBuffer:
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        # The drain has taken a frame and is waiting for room in the send queue.
+        self.draining = False
 
     async def put(self, text: str) -> None:
         size = len(text)
@@ -95,6 +97,11 @@ class _ByteBuffer:
     def finish(self) -> None:
         self._items.append(None)
         self._ready.set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits in the buffer and the drain holds nothing: a frame may skip the buffer in order."""
+        return not self._items and not self.draining
 
     async def get(self) -> str | None:
         while not self._items:
@@ -296,15 +303,28 @@ class SyncSubscription:
                         raise _Overflow
                     self._holds.add(str(d))
                     self._last[str(d)] = int(seq)
-                    await buffer.put(self._prefix + raw + "]")
+                    text = self._prefix + raw + "]"
+                    if buffer.idle and self._send_now(text):
+                        continue
+                    await buffer.put(text)
                 if len(rows) < self._page_rows:
                     return
                 after = rows[-1][0]
 
+    def _send_now(self, text: str) -> bool:
+        """The frame goes straight into the send queue when it has room (the common case, no buffer hop)."""
+        try:
+            self.host.outbound.try_put(text)
+        except QueueFull:
+            return False
+        return True
+
     async def _drain(self, buffer: _ByteBuffer) -> None:
         try:
             while (text := await buffer.get()) is not None:
+                buffer.draining = True
                 await self.host.outbound.put(text, timeout=SEND_TIMEOUT)
+                buffer.draining = False
         except QueueFull:
             # The client stopped reading: no CLOSED could be queued either, so the connection ends (rule 5).
             self.ended = True

@@ -1,7 +1,7 @@
 """Benchmark: NIP-AR sync (REQ {"artifact": "current", "#h": [...]}), each figure beside a same-run baseline.
 
 1. Time to EOSE for --artifacts (default 4096) artifacts in one channel, beside a bare keyset read of the
-   same rows (one REPEATABLE READ READ ONLY transaction, pages of 256 ordered by d, psycopg) plus JSON
+   same rows (one REPEATABLE READ READ ONLY transaction, pages of 1000 ordered by d, psycopg) plus JSON
    encoding of each as an EVENT frame, in the same run, --rounds times interleaved; medians and the ratio
    (target <= 1.5).
 2. Write-to-head delivery with --syncs (default 1000) open syncs over two relay nodes (32 per connection):
@@ -37,6 +37,8 @@ import common
 from common import BenchError, Op, Server
 
 SUBS_PER_CONNECTION = 32
+# The relay's default BUZZ_SYNC_PAGE_ROWS: the baseline reads in pages of the same size.
+PAGE_ROWS = 1000
 PARTS = ("eose", "delivery", "memory", "throughput")
 
 
@@ -125,14 +127,14 @@ async def time_to_eose(server: Server, reader: Any, channel: str) -> tuple[float
 
 
 def bare_keyset_read(database_url: str, community: int, channel: str) -> tuple[float, int]:
-    """The same rows, one snapshot, pages of 256 by d, each encoded as an EVENT frame."""
+    """The same rows, one snapshot, keyset pages of the relay's page size by d, each encoded as an EVENT frame."""
     import psycopg
 
     sql = (
         "SELECT a.d, r.seq, r.raw FROM artifacts_artifact a"
         " JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
         " WHERE a.community_id = %s AND a.home = %s AND NOT a.deleted AND NOT a.retired AND a.d > %s"
-        " ORDER BY a.d LIMIT 256"
+        " ORDER BY a.d LIMIT %s"
     )
     began = time.perf_counter()
     n = 0
@@ -140,11 +142,11 @@ def bare_keyset_read(database_url: str, community: int, channel: str) -> tuple[f
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         after = uuid.UUID(int=0)
         while True:
-            rows = conn.execute(sql, (community, uuid.UUID(channel), after)).fetchall()
+            rows = conn.execute(sql, (community, uuid.UUID(channel), after, PAGE_ROWS)).fetchall()
             for _, _, raw in rows:
                 json.dumps(["EVENT", "s", json.loads(raw)], ensure_ascii=False, separators=(",", ":"))
                 n += 1
-            if len(rows) < 256:
+            if len(rows) < PAGE_ROWS:
                 break
             after = rows[-1][0]
         conn.rollback()

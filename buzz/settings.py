@@ -291,7 +291,7 @@ BUZZ_SYNC = {
     # How long the initial snapshot may stay open (not advertised); past it, CLOSED "error: ...".
     "snapshot_budget_ms": env.int("BUZZ_SYNC_SNAPSHOT_BUDGET_MS", default=10000),
     # Rows per keyset page of the initial read (all pages come from one snapshot).
-    "page_rows": env.int("BUZZ_SYNC_PAGE_ROWS", default=256),
+    "page_rows": env.int("BUZZ_SYNC_PAGE_ROWS", default=1000),
     # Bytes of the initial set a sync may buffer between the snapshot and the connection's send queue.
     "buffer_bytes": env.int("BUZZ_SYNC_BUFFER_BYTES", default=8 * 1024 * 1024),
 }
