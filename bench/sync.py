@@ -7,7 +7,9 @@
 2. Write-to-head delivery with --syncs (default 1000) open syncs over two relay nodes (32 per connection):
    a writer on node A sends --writes paced revisions of artifacts in the synced channel; every sync on both
    nodes receives each head. Latency from the write's send to each head's arrival: p50/p99, beside a bare
-   Redis PUBLISH -> SUBSCRIBE round trip in the same run (target <= 10x).
+   Redis PUBLISH -> SUBSCRIBE round trip in the same run (target <= 10x), and beside a bare fan-out of the
+   same events to the same number of subscriptions over two uvicorn processes (bench/fanout_app.py: Redis,
+   the event loop and the WebSocket writes, nothing else), which is the floor any relay in Python pays.
 3. Memory per idle sync: node A's RSS before and after opening --syncs idle syncs (32 per connection),
    divided by the syncs (target <= 64 KiB), with the cost per connection reported apart.
 4. Write throughput (8 closed-loop writers, revisions in a channel no sync watches) with --syncs idle syncs
@@ -256,6 +258,83 @@ async def delivery(
     }
 
 
+def start_fanout(stack: contextlib.ExitStack, env: dict[str, str], topic: str) -> Server:
+    port = common.free_port()
+    log = common.VAR_DIR / f"fanout-{port}.log"
+    args = [*common.uvicorn_args("fanout_app:application", port), "--app-dir", str(common.BENCH_DIR)]
+    proc = common.spawn(stack, args, {**env, "FANOUT_TOPIC": topic}, log)
+    common.wait_for_port(port, proc, 30.0, log)
+    return Server(port=port, proc=proc, host_header=f"127.0.0.1:{port}", log=log)
+
+
+async def bare_fanout(
+    stack: contextlib.ExitStack, env: dict[str, str], owner: Any, channel: str, syncs: int, writes: int
+) -> dict[str, Any]:
+    """The same paced events PUBLISHed to two bare fan-out processes holding `syncs` subscriptions."""
+    import redis.asyncio as aioredis
+    from websockets.asyncio.client import connect
+
+    topic = f"bench:fanout:{uuid.uuid4()}"
+    servers = [start_fanout(stack, env, topic), start_fanout(stack, env, topic)]
+    latencies: list[float] = []
+    sent: dict[str, float] = {}
+    expected = syncs * writes
+    done = asyncio.Event()
+    async with contextlib.AsyncExitStack() as astack:
+        conns = []
+        for n, server in enumerate(servers):
+            left = syncs // 2 if n == 0 else syncs - syncs // 2
+            while left > 0:
+                ws = await astack.enter_async_context(connect(f"ws://127.0.0.1:{server.port}/", max_size=None))
+                k = min(SUBS_PER_CONNECTION, left)
+                for i in range(k):
+                    await ws.send(json.dumps(["SUB", f"s{i}"]))
+                for _ in range(k):
+                    await ws.recv()
+                conns.append(ws)
+                left -= k
+
+        async def listen(ws: Any) -> None:
+            while True:
+                text = await ws.recv()
+                now = time.perf_counter()
+                i = text.index('"id":"') + 6
+                began = sent.get(text[i : i + 64])
+                if began is not None:
+                    latencies.append(1000 * (now - began))
+                    if len(latencies) >= expected:
+                        done.set()
+
+        listeners = [asyncio.create_task(listen(ws)) for ws in conns]
+        pub = aioredis.from_url(env["REDIS_URL"])
+        try:
+            await asyncio.sleep(0.5)  # both processes' SUBSCRIBE is in place
+            d = str(uuid.uuid4())
+            prev = None
+            for _ in range(writes):
+                ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
+                raw = json.dumps(ev, separators=(",", ":"))
+                sent[ev["id"]] = time.perf_counter()
+                await pub.publish(topic, raw)
+                prev = ev["id"]
+                await asyncio.sleep(0.03)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 60)
+        finally:
+            await pub.aclose()
+            for t in listeners:
+                t.cancel()
+            await asyncio.gather(*listeners, return_exceptions=True)
+    if len(latencies) < expected:
+        raise BenchError(f"bare fan-out delivered {len(latencies)} of {expected}")
+    latencies.sort()
+    return {
+        "samples": len(latencies),
+        "p50_ms": common.percentile(latencies, 50),
+        "p99_ms": common.percentile(latencies, 99),
+    }
+
+
 def rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -365,13 +444,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "delivery" in parts:
             rtt = await common.redis_roundtrip(env["REDIS_URL"])
             d = await delivery(a, b, owner, reader, ids["live"], args.syncs, args.writes)
-            out["delivery"] = {**d, "redis_p50_ms": rtt.p50_ms, "redis_p99_ms": rtt.p99_ms}
+            f = await bare_fanout(stack, env, owner, ids["live"], args.syncs, args.writes)
+            out["delivery"] = {
+                **d,
+                "redis_p50_ms": rtt.p50_ms,
+                "redis_p99_ms": rtt.p99_ms,
+                "fanout_p50_ms": f["p50_ms"],
+                "fanout_p99_ms": f["p99_ms"],
+            }
             print(
                 f"write-to-head delivery, {args.syncs} syncs on 2 nodes, {d['samples']} heads:"
                 f" p50 {d['p50_ms']:.2f} ms"
                 f" / p99 {d['p99_ms']:.2f} ms; bare Redis PUBLISH->SUBSCRIBE p50 {rtt.p50_ms:.3f} / p99"
                 f" {rtt.p99_ms:.3f} ms -> p50 {common.ratio(d['p50_ms'], rtt.p50_ms)}, p99"
                 f" {common.ratio(d['p99_ms'], rtt.p99_ms)} (target <= 10)"
+            )
+            print(
+                f"  beside a bare fan-out of the same events to {args.syncs} subscriptions on 2 uvicorn processes:"
+                f" p50 {f['p50_ms']:.2f} / p99 {f['p99_ms']:.2f} ms -> p50 {common.ratio(d['p50_ms'], f['p50_ms'])},"
+                f" p99 {common.ratio(d['p99_ms'], f['p99_ms'])}"
             )
         if "memory" in parts:
             m = await memory(a, reader, ids["idle"], args.syncs)
