@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import random
+import time
 from typing import Any
 
 import pytest
@@ -48,11 +49,13 @@ async def test_sync_chaos_has_no_silent_divergence(world: World, relay_factory: 
 
         async def kill_hub() -> bool:
             node = pick.choice(nodes)
-            # The hub may be reconnecting after an earlier fault: wait for its connection.
-            for _ in range(200):
+            # The hub may be reconnecting after an earlier fault (with backoff, on a loaded machine
+            # that can take a while): wait for its connection.
+            deadline = time.monotonic() + 90.0
+            while time.monotonic() < deadline:
                 ids = await asyncio.to_thread(hub_connection_ids, client, node.pid)
-                if ids:
-                    return bool(await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0])))
+                if ids and await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0])):
+                    return True
                 await asyncio.sleep(0.05)
             return False
 
