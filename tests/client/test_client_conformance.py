@@ -1,7 +1,7 @@
 """`python -m artifacts.client conformance` against real relay processes.
 
-* This relay passes every check it advertises; the sync checks are skipped, each saying
-  that the relay does not advertise artifacts.sync. The relay runs with its default write
+* This relay passes every check, sync included, and skips none (it advertises everything the
+  suite checks). The relay runs with its default write
   quota: the suite paces itself to the quota NIP-11 advertises.
 * A deliberately broken build (tests/client/broken_relay.py: the head view drops the last
   event of a multi-d answer) fails exactly the head-view rule, named, and exits non-zero.
