@@ -48,14 +48,15 @@ async def test_sync_chaos_has_no_silent_divergence(world: World, relay_factory: 
         pick = random.Random(params.seed)
 
         async def kill_hub() -> bool:
-            node = pick.choice(nodes)
-            # The hub may be reconnecting after an earlier fault (with backoff, on a loaded machine
-            # that can take a while): wait for its connection.
+            # A node's hub holds a connection only while it has subscriptions, and it may be
+            # reconnecting after an earlier fault (with backoff, slow on a loaded machine): kill the
+            # first connected hub, trying the nodes in a random order, until one is there.
             deadline = time.monotonic() + 90.0
             while time.monotonic() < deadline:
-                ids = await asyncio.to_thread(hub_connection_ids, client, node.pid)
-                if ids and await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0])):
-                    return True
+                for node in pick.sample(nodes, len(nodes)):
+                    ids = await asyncio.to_thread(hub_connection_ids, client, node.pid)
+                    if ids and await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0])):
+                        return True
                 await asyncio.sleep(0.05)
             return False
 
