@@ -275,6 +275,9 @@ BUZZ_WRITE_QUOTA = {
     "per_second": env.float("BUZZ_WRITES_PER_SECOND", default=20.0),
     "burst": env.float("BUZZ_WRITE_BURST", default=100.0),
 }
+# Live signals waiting for Redis past which new writes are refused with error: before they commit
+# (buzz.live.publisher: a committed signal is never dropped).
+BUZZ_PUBLISH_MAX_PENDING: int = env.int("BUZZ_PUBLISH_MAX_PENDING", default=100_000)
 # Key prefix for everything the relay keeps in Redis (quotas, NIP-98 replay guard, pub/sub topics).
 BUZZ_REDIS_PREFIX: str = env.str("BUZZ_REDIS_PREFIX", default="buzz:")
 
