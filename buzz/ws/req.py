@@ -29,6 +29,7 @@ from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
 from buzz.live.hub import Subscription as LiveSubscription
 from buzz.nostr.filters import Filter, matches_any
 from buzz.runtime import runtime
+from buzz.ws.frames import is_unicode
 from buzz.ws.host import SubscriptionHost
 from buzz.ws.outbound import QueueFull
 
@@ -43,7 +44,12 @@ EXPIRY_RECHECK = 0.25
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """A reply frame's text. A value holding a lone surrogate (echoed from a client's frame) comes out
+    \\u-escaped: raw, it could not be encoded as the UTF-8 a text frame carries."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if not is_unicode(text):
+        text = json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    return text
 
 
 class ReqSubscription:

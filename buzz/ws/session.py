@@ -90,7 +90,11 @@ class Session:
         subs = list(self.subscriptions.values())
         self.subscriptions.clear()
         for sub in subs:
-            await sub.close()
+            try:
+                await sub.close()
+            except Exception:
+                # The others are released all the same.
+                log.exception("closing subscription %r failed", sub.sub_id)
         await self.outbound.close()
 
     def reply(self, message: list[Any]) -> bool:
