@@ -270,6 +270,11 @@ BUZZ_DB_POOL = {
     "snapshot_max_size": env.int("BUZZ_SNAPSHOT_POOL_MAX", default=4),
 }
 
+# Concurrent stored reads (a REQ page, a COUNT; buzz.events.query): in the whole process, and per connection.
+# Past them a read waits (10 s at most, then rate-limited:). The default leaves 4 pool connections to writes.
+BUZZ_READ_SLOTS: int = env.int("BUZZ_READ_SLOTS", default=max(1, BUZZ_DB_POOL["max_size"] - 4))
+BUZZ_READS_PER_CONNECTION: int = env.int("BUZZ_READS_PER_CONNECTION", default=2)
+
 # Write quota per pubkey (token bucket shared by all nodes through Redis). per_second 0 disables it.
 BUZZ_WRITE_QUOTA = {
     "per_second": env.float("BUZZ_WRITES_PER_SECOND", default=20.0),

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from buzz.access.policy import check_read, check_reader
-from buzz.events.query import query_events
+from buzz.events.query import ReadsBusy, query_events
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
 from buzz.live.hub import Subscription as LiveSubscription
@@ -123,7 +123,9 @@ class ReqSubscription:
             outbound = self.host.outbound
             sent: set[str] = set()
             self._sent_ids = sent
-            rows = query_events(self.host.community.id, self.filters, readable_channels=self.channels)
+            rows = query_events(
+                self.host.community.id, self.filters, readable_channels=self.channels, reads=self.host.reads
+            )
             async for event_id, raw in rows:
                 sent.add(event_id)
                 await outbound.put(self._prefix + raw + "]", timeout=STORED_SEND_TIMEOUT)
@@ -144,6 +146,8 @@ class ReqSubscription:
             raise
         except QueueFull:
             self.host.abort()
+        except ReadsBusy as busy:
+            self.end(str(busy))
         except Exception:
             log.exception("REQ %s failed", self.sub_id)
             self.end("error: the query failed")
