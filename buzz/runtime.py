@@ -137,7 +137,7 @@ class Runtime:
         loop = asyncio.get_running_loop()
         if self._hub is None or self._publisher is None or self._hub_loop is not loop:
             self._hub = Hub(settings.REDIS_URL, prefix=settings.BUZZ_REDIS_PREFIX)
-            self._publisher = Publisher(self._hub)
+            self._publisher = Publisher(self._hub, max_pending=settings.BUZZ_PUBLISH_MAX_PENDING)
             self._hub_loop = loop
         return self._hub, self._publisher
 

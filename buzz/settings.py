@@ -270,11 +270,19 @@ BUZZ_DB_POOL = {
     "snapshot_max_size": env.int("BUZZ_SNAPSHOT_POOL_MAX", default=4),
 }
 
+# Concurrent stored reads (a REQ page, a COUNT; buzz.events.query): in the whole process, and per connection.
+# Past them a read waits (10 s at most, then rate-limited:). The default leaves 4 pool connections to writes.
+BUZZ_READ_SLOTS: int = env.int("BUZZ_READ_SLOTS", default=max(1, BUZZ_DB_POOL["max_size"] - 4))
+BUZZ_READS_PER_CONNECTION: int = env.int("BUZZ_READS_PER_CONNECTION", default=2)
+
 # Write quota per pubkey (token bucket shared by all nodes through Redis). per_second 0 disables it.
 BUZZ_WRITE_QUOTA = {
     "per_second": env.float("BUZZ_WRITES_PER_SECOND", default=20.0),
     "burst": env.float("BUZZ_WRITE_BURST", default=100.0),
 }
+# Live signals waiting for Redis past which new writes are refused with error: before they commit
+# (buzz.live.publisher: a committed signal is never dropped).
+BUZZ_PUBLISH_MAX_PENDING: int = env.int("BUZZ_PUBLISH_MAX_PENDING", default=100_000)
 # Key prefix for everything the relay keeps in Redis (quotas, NIP-98 replay guard, pub/sub topics).
 BUZZ_REDIS_PREFIX: str = env.str("BUZZ_REDIS_PREFIX", default="buzz:")
 

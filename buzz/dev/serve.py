@@ -29,14 +29,15 @@ DEFAULT_APP = "buzz.asgi:application"
 
 
 def ws_implementation() -> str:
-    """uvicorn's sans-I/O websockets protocol when this uvicorn has it.
+    """The relay's WebSocket protocol for uvicorn's `ws` (buzz.ws.transport).
 
-    Its send() waits while the transport is paused, so a client that stops reading
-    can't make the relay buffer without bound (DESIGN.md, "daphne buffers...").
+    uvicorn's sans-I/O websockets protocol, whose send() waits while the transport is paused, so a
+    client that stops reading can't make the relay buffer without bound (DESIGN.md, "daphne
+    buffers..."); the relay's subclass also aborts a connection whose close can't be written in time.
     """
-    from uvicorn.config import WS_PROTOCOLS
+    from buzz.ws.transport import WS_PROTOCOL
 
-    return "websockets-sansio" if "websockets-sansio" in WS_PROTOCOLS else "websockets"
+    return WS_PROTOCOL
 
 
 # uvicorn refuses a frame past this many times BUZZ_MAX_MESSAGE_LENGTH (close 1009) before

@@ -21,7 +21,9 @@ from buzz.events.store import check_storable
 from buzz.failure_log import FailureLog
 from buzz.identity.actor import Actor
 from buzz.limits import Limits, limits
+from buzz.live.publisher import PublisherFull
 from buzz.nostr import Event, ProtocolError, parse_event, verify_event
+from buzz.runtime import runtime
 
 log = logging.getLogger(__name__)
 # An outage fails every write the same way: one traceback, then a count per interval.
@@ -145,6 +147,11 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
         failures.failed(f"duplicate check for kind {event.kind}", exc)
         return event.id, WriteResult.rejected("error: could not store the event, try again")
     failures.succeeded(f"duplicate check for kind {event.kind}")
+    try:
+        # Before anything commits: a committed change's signal is never dropped (buzz.live.publisher).
+        runtime.publisher().ensure_room()
+    except PublisherFull as full:
+        return event.id, WriteResult.rejected(full.reason)
     try:
         if not await take_write_token(actor.community.id, actor.pubkey):
             return event.id, WriteResult.rejected("rate-limited: slow down, too many writes from this pubkey")

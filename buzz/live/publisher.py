@@ -1,27 +1,27 @@
 """Publishing change signals after commit, retried until Redis takes them (NIP-AR sync rule 5).
 
-Two entry points:
+A committed change is always published: nothing here ever drops a signal. Two entry points:
 
-* `Publisher.publish_soon` for the async relay: queue and return at once; one
-  background task sends the queue in order, in pipelined batches, and retries a
-  failed batch with capped, jittered backoff until it succeeds or the process
-  stops. A retried batch may be published twice; that is harmless, a signal only
-  says "this d changed" and the reader reads the current head.
+* `Publisher.publish_soon` / `publish_confirmed` for the async relay: queue and return at
+  once; one background task sends the queue in order, in pipelined batches, and retries a
+  failed batch with capped, jittered backoff until it succeeds or the process stops. A
+  retried batch may be published twice; that is harmless, a signal only says "this d
+  changed" and the reader reads the current head.
 * `publish_blocking_on_commit` for the synchronous ORM side (admin, management commands):
-  `transaction.on_commit` runs one PUBLISH with the sync redis client, retried for
-  a bounded time (30 s by default) and then logged as an error, because a cron job
-  must not hang forever on a Redis outage.
+  `transaction.on_commit` runs one PUBLISH with the sync redis client, retried until Redis
+  takes it. It blocks the committing thread (a command waits out a Redis outage) and logs
+  once when it starts failing, then once per interval while it lasts.
 
-The queue bound. `Publisher` holds at most `max_pending` messages (100,000 by
-default). When that is hit, the OLDEST message is dropped and the newest kept, an
-error is logged and `dropped` counts it. The bound is well over ten seconds of
-writes at this machine's measured PostgreSQL ceiling, so it is reached only after
-a long publish outage. Keeping the newest favours the changes most likely to be
-still unseen; memory stays bounded. A drop is a real loss, though: if Redis itself
-was down, the hub's pub/sub connection dropped too and every sync of this node was
-already ended with a resync, but a sync on another node that stayed connected can
-miss a dropped signal without being told. Hence the error log, which is meant to
-page someone.
+The pending bound. A signal can't be refused once its change has committed, so the bound
+(`max_pending`, BUZZ_PUBLISH_MAX_PENDING, 100,000 by default) is enforced before the
+commit: the write paths call `ensure_room()` first (buzz.events.ingest, for every kind),
+and while that many signals wait for Redis it raises `PublisherFull`, which the write
+answers with `error:` and stores nothing. Writes already past the check still commit and
+queue their signals, so the queue can exceed the bound by the writes in flight at that
+instant (at most one per connection and HTTP request); it never drops one. The bound is
+over ten seconds of writes at this machine's measured PostgreSQL ceiling, so writes are
+refused only after a long publish outage, and they succeed again as soon as the queue
+drains below it.
 
 Order: one FIFO for all topics, so each topic's messages go out in the order they
 were queued (the spec does not need any order across topics).
@@ -43,7 +43,7 @@ from redis.retry import Retry
 
 from .hub import Hub, encode_message
 
-__all__ = ["Publisher", "publish_blocking_on_commit"]
+__all__ = ["Publisher", "PublisherFull", "publish_blocking_on_commit"]
 
 logger = logging.getLogger("buzz.live")
 
@@ -54,6 +54,12 @@ _LOG_EVERY = 30.0
 def _backoff(failures: int, base: float, cap: float) -> float:
     step = min(cap, base * 2.0 ** min(failures - 1, 30))
     return step / 2 + random.uniform(0, step / 2)  # noqa: S311 (jitter, not crypto)
+
+
+class PublisherFull(Exception):
+    """Too many signals wait for Redis: a new write is refused before it commits (see the module doc)."""
+
+    reason = "error: the relay cannot publish changes right now, try again later"
 
 
 class Publisher:
@@ -75,8 +81,7 @@ class Publisher:
         self._batch_max = batch_max
         self._retry_base = retry_base
         self._retry_cap = retry_cap
-        # (sequence number, topic, message, waiter); the number lets the sender pop
-        # exactly the batch it sent even if overflow dropped some of it meanwhile.
+        # (sequence number, topic, message, waiter); the number lets the sender pop exactly the batch it sent.
         self._queue: deque[tuple[int, str, dict[str, Any], asyncio.Future[bool] | None]] = deque()
         self._seq = 0
         self._wake = asyncio.Event()
@@ -84,14 +89,37 @@ class Publisher:
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        #: Messages dropped because the queue was full (see the module doc).
-        self.dropped = 0
-        self._last_drop_log = -_LOG_EVERY
+        #: Writes refused by `ensure_room` since the start.
+        self.refused = 0
+        self._last_refusal_log = -_LOG_EVERY
 
     @property
     def pending(self) -> int:
         """Messages queued and not yet confirmed published."""
         return len(self._queue)
+
+    @property
+    def max_pending(self) -> int:
+        return self._max_pending
+
+    def ensure_room(self) -> None:
+        """Raise PublisherFull while `max_pending` signals wait: call before a write commits.
+
+        No I/O. The refusal is logged once per interval while it lasts.
+        """
+        if len(self._queue) < self._max_pending:
+            return
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._last_refusal_log >= _LOG_EVERY:
+            self._last_refusal_log = now
+            logger.error(
+                "live publisher has %d signals waiting for Redis (the bound is %d): refusing new writes, %d so far",
+                len(self._queue),
+                self._max_pending,
+                self.refused,
+            )
+        raise PublisherFull(PublisherFull.reason)
 
     def publish_soon(self, topic: str, message: dict[str, Any]) -> None:
         """Queue one message; it is sent in the background, retried until it succeeds.
@@ -104,7 +132,7 @@ class Publisher:
         """Like `publish_soon`, then wait until this message is published (True).
 
         False if `timeout` passes first (it stays queued and keeps being retried) or
-        if the full queue dropped it. For a caller that answers OK only after the
+        if the publisher stopped before sending it. For a caller that answers OK only after the
         signal is out; cancelling the wait does not cancel the publish.
         """
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -117,20 +145,7 @@ class Publisher:
             raise RuntimeError("publisher is closed")
         encode_message(message)  # fail now, in the caller, for a message that can never be sent
         loop = asyncio.get_running_loop()
-        if len(self._queue) >= self._max_pending:
-            dropped_waiter = self._queue.popleft()[3]
-            if dropped_waiter is not None and not dropped_waiter.done():
-                dropped_waiter.set_result(False)
-            self.dropped += 1
-            now = loop.time()
-            if now - self._last_drop_log >= _LOG_EVERY:
-                self._last_drop_log = now
-                logger.error(
-                    "live publisher queue full (%d pending): dropping the oldest signals, %d so far; "
-                    "syncs that miss them are not told",
-                    self._max_pending,
-                    self.dropped,
-                )
+        # Never refused here: the change has committed (the bound is ensure_room, before the commit).
         self._seq += 1
         self._queue.append((self._seq, topic, message, waiter))
         self._idle.clear()
@@ -207,7 +222,7 @@ class Publisher:
 @functools.lru_cache(maxsize=8)
 def _sync_client(redis_url: str) -> redis.Redis:
     # One client (and connection pool) per URL for the process; redis.Redis is thread-safe.
-    # redis-py's own retries are off: _publish_blocking retries with its own budget.
+    # redis-py's own retries are off: _publish_blocking retries by itself.
     return redis.Redis.from_url(
         redis_url,
         socket_connect_timeout=2.0,
@@ -216,26 +231,33 @@ def _sync_client(redis_url: str) -> redis.Redis:
     )
 
 
-def _publish_blocking(redis_url: str, wire: str, payload: bytes, budget: float) -> bool:
-    deadline = time.monotonic() + budget
+def _publish_blocking(redis_url: str, wire: str, payload: bytes, log_every: float = _LOG_EVERY) -> bool:
+    """PUBLISH until Redis takes it; True then. Never gives up: the change it signals has committed."""
     failures = 0
+    failing_since = last_log = 0.0
     while True:
         try:
             _sync_client(redis_url).publish(wire, payload)
-            return True
         except (redis.RedisError, OSError) as exc:
             failures += 1
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                logger.error(
-                    "live publish to %r gave up after %d attempts in %.0fs: %s; open syncs may miss this change",
+            now = time.monotonic()
+            if failures == 1:
+                failing_since = last_log = now
+                logger.warning("live publish to %r failed, retrying until Redis takes it: %s", wire, exc)
+            elif now - last_log >= log_every:
+                last_log = now
+                logger.warning(
+                    "live publish to %r still failing after %.0fs (%d attempts), still retrying: %s",
                     wire,
+                    now - failing_since,
                     failures,
-                    budget,
                     exc,
                 )
-                return False
-            time.sleep(min(remaining, _backoff(failures, 0.05, 2.0)))
+            time.sleep(_backoff(failures, 0.05, 2.0))
+            continue
+        if failures:
+            logger.info("live publish to %r recovered after %d failed attempts", wire, failures)
+        return True
 
 
 def publish_blocking_on_commit(
@@ -244,22 +266,21 @@ def publish_blocking_on_commit(
     message: dict[str, Any],
     *,
     prefix: str = "buzz:",
-    budget: float = 30.0,
     using: str | None = None,
 ) -> None:
     """After the current transaction commits, PUBLISH `message` on `topic` (sync ORM side).
 
     Outside a transaction Django runs the callback at once. The callback blocks the
-    committing thread while it retries, for at most about `budget` seconds (plus one
-    socket timeout), then logs an error and returns: a management command must not
-    hang forever on a Redis outage. Nothing is published if the transaction rolls back.
+    committing thread until Redis takes the message, however long an outage lasts (a
+    management command waits for it; its log says so once per interval). Nothing is
+    published if the transaction rolls back.
     """
     from django.db import transaction
 
     payload = encode_message(message)
     wire = prefix + topic
     transaction.on_commit(
-        functools.partial(_publish_blocking, redis_url, wire, payload, budget),
+        functools.partial(_publish_blocking, redis_url, wire, payload),
         using=using,
         robust=True,
     )

@@ -16,10 +16,19 @@ from buzz.ws.session import Session
 log = logging.getLogger(__name__)
 
 CLOSE_SEND_TIMEOUT = 30.0
+CLOSE_INTERNAL_ERROR = 1011  # RFC 6455: the server hit a condition it did not expect
 
 
 class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
     session: Session | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # However the connection's handler ends (a disconnect, a crash, a cancelled task), its
+            # subscriptions leave the hub: a dead connection must not keep a channel topic alive.
+            await self._release()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch hops to the ORM thread (close_old_connections) before every
@@ -29,7 +38,25 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"no handler for message type {message['type']}")
-        await handler(message)
+        try:
+            await handler(message)
+        except StopConsumer:
+            raise
+        except Exception:
+            # A bug in a frame's handling ends this connection alone, with a close frame, and releases
+            # what it held; the traceback is logged once, here.
+            log.exception("closing a connection after an unexpected error in %s", message.get("type"))
+            await self._release()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.send({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR}), 1.0)
+            raise StopConsumer() from None
+
+    async def _release(self) -> None:
+        if self.session is not None:
+            try:
+                await self.session.shutdown()
+            except Exception:
+                log.exception("releasing a connection's subscriptions failed")
 
     async def websocket_connect(self, message: dict[str, Any]) -> None:
         community = self.scope["community"]
@@ -54,19 +81,19 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
         await self.session.handle(data)
 
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
-        if self.session is not None:
-            await self.session.shutdown()
+        await self._release()
         raise StopConsumer()
 
     async def _send_text(self, text: str) -> None:
         await self.send({"type": "websocket.send", "text": text})
 
     async def _close(self, code: int) -> None:
-        if self.session is not None:
-            await self.session.shutdown()
+        """Run as a task of its own (Session.abort): every way it can end is handled here."""
+        await self._release()
         # The close frame waits behind whatever the client has not read; don't wait for it forever.
-        # If it can't be written, the server's keepalive ends the transport.
-        with contextlib.suppress(TimeoutError, RuntimeError):
+        # If it can't be written, the transport (buzz.ws.transport) aborts the connection. A client
+        # that is already gone makes send() raise uvicorn's ClientDisconnected: nothing left to do.
+        with contextlib.suppress(Exception):
             await asyncio.wait_for(self.send({"type": "websocket.close", "code": code}), CLOSE_SEND_TIMEOUT)
 
 

@@ -130,7 +130,21 @@ def _sub_id(value: list[Any], limits: FrameLimits) -> str:
         raise notice("invalid: subscription id must not be empty")
     if len(sub_id) > limits.max_subid_length:
         raise notice(f"invalid: subscription id longer than {limits.max_subid_length} characters")
+    if not is_unicode(sub_id):
+        # A lone surrogate (JSON "\ud800") can't be sent back as UTF-8; the reply echoes it escaped.
+        raise closed(sub_id, "invalid: subscription id is not valid Unicode (a lone surrogate)")
     return sub_id
+
+
+def is_unicode(text: str) -> bool:
+    """False when `text` holds a lone surrogate, which no UTF-8 frame can carry."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _mode_of(raw: list[Any], limits: FrameLimits) -> str | None:

@@ -8,6 +8,7 @@ Neither module imports the other.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 from buzz.identity.actor import Actor
@@ -43,6 +44,10 @@ class SubscriptionHost(Protocol):
 
     @property
     def outbound(self) -> Outbound: ...
+
+    @property
+    def reads(self) -> asyncio.Semaphore:
+        """The connection's bound on its concurrent stored reads (buzz.events.query's read slots)."""
 
     def reply(self, message: list[Any]) -> bool:
         """Queue a reply without waiting; on a full queue the connection is closed (False)."""

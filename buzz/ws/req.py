@@ -23,12 +23,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from buzz.access.policy import check_read, check_reader
-from buzz.events.query import query_events
+from buzz.events.query import ReadsBusy, query_events
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
 from buzz.live.hub import Subscription as LiveSubscription
 from buzz.nostr.filters import Filter, matches_any
 from buzz.runtime import runtime
+from buzz.ws.frames import is_unicode
 from buzz.ws.host import SubscriptionHost
 from buzz.ws.outbound import QueueFull
 
@@ -43,7 +44,12 @@ EXPIRY_RECHECK = 0.25
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """A reply frame's text. A value holding a lone surrogate (echoed from a client's frame) comes out
+    \\u-escaped: raw, it could not be encoded as the UTF-8 a text frame carries."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if not is_unicode(text):
+        text = json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    return text
 
 
 class ReqSubscription:
@@ -117,7 +123,9 @@ class ReqSubscription:
             outbound = self.host.outbound
             sent: set[str] = set()
             self._sent_ids = sent
-            rows = query_events(self.host.community.id, self.filters, readable_channels=self.channels)
+            rows = query_events(
+                self.host.community.id, self.filters, readable_channels=self.channels, reads=self.host.reads
+            )
             async for event_id, raw in rows:
                 sent.add(event_id)
                 await outbound.put(self._prefix + raw + "]", timeout=STORED_SEND_TIMEOUT)
@@ -138,6 +146,8 @@ class ReqSubscription:
             raise
         except QueueFull:
             self.host.abort()
+        except ReadsBusy as busy:
+            self.end(str(busy))
         except Exception:
             log.exception("REQ %s failed", self.sub_id)
             self.end("error: the query failed")

@@ -19,7 +19,7 @@ from typing import Any
 from buzz.access.policy import Denied, parse_channel_id, reader_scope
 from buzz.chat.channels import STATE_KINDS
 from buzz.events.ingest import event_id_of, ingest
-from buzz.events.query import count_events
+from buzz.events.query import ReadsBusy, connection_reads, count_events
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted
 from buzz.limits import Limits, limits
@@ -75,6 +75,7 @@ class Session:
         self.outbound = Outbound(
             send_text, max_messages=self.limits.outbound_max_messages, max_bytes=self.limits.outbound_max_bytes
         )
+        self.reads = connection_reads()
         self._close = close
         self._closing = False
         self.subscriptions: dict[str, Subscription] = {}
@@ -90,7 +91,11 @@ class Session:
         subs = list(self.subscriptions.values())
         self.subscriptions.clear()
         for sub in subs:
-            await sub.close()
+            try:
+                await sub.close()
+            except Exception:
+                # The others are released all the same.
+                log.exception("closing subscription %r failed", sub.sub_id)
         await self.outbound.close()
 
     def reply(self, message: list[Any]) -> bool:
@@ -244,7 +249,10 @@ class Session:
         if channels is None:
             return
         try:
-            n = await count_events(self.community.id, frame.filters, readable_channels=channels)
+            n = await count_events(self.community.id, frame.filters, readable_channels=channels, reads=self.reads)
+        except ReadsBusy as busy:
+            self.reply(["CLOSED", frame.sub_id, str(busy)])
+            return
         except Exception:
             log.exception("COUNT failed")
             self.reply(["CLOSED", frame.sub_id, "error: the count failed"])

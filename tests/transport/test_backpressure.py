@@ -8,19 +8,15 @@ connection is closed with 1013, and the relay keeps serving other clients.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from buzz.events.store import event_json
 from buzz.nostr import Signer
-from tests.support.factories import make_channel, make_community
-from tests.support.relay import relay_database_url
 from tests.support.wsclient import RelayClient
+from tests.transport.stock import stock_channel
 
 HOST = "slow.test"
 EVENTS = 3000
@@ -30,29 +26,7 @@ REQS = 30  # each asks for 1000 events: about 60 MB in all
 
 @pytest.fixture
 def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
-    reader = Signer.generate()
-    community = make_community(HOST, "Slow", members=[reader])
-    channel = make_channel(community, reader, name="firehose")
-    writer = Signer.generate()
-    now = int(time.time())
-    rows = []
-    for i in range(EVENTS):
-        # Distinct random-looking content, so no layer can compress it away.
-        content = uuid.uuid4().hex * (PAYLOAD // 32)
-        ev = writer.sign_event(kind=9, tags=[["h", str(channel)]], content=content, created_at=now - i)
-        rows.append((ev.id, community.pk, ev.pubkey, 9, ev.created_at, channel, event_json(ev)))
-    with psycopg.connect(relay_database_url()) as conn, conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, now())",
-            rows,
-        )
-        cur.executemany(
-            "INSERT INTO buzz_eventtag (event_key, name, value)"
-            " SELECT key, 'h', %s FROM buzz_storedevent WHERE community_id = %s AND id = %s",
-            [(str(channel), r[1], r[0]) for r in rows],
-        )
-    return reader, channel
+    return stock_channel(HOST, events=EVENTS, payload=PAYLOAD)
 
 
 @pytest.mark.timeout(300)

@@ -1,0 +1,118 @@
+"""The relay's WebSocket transport: uvicorn's sans-I/O protocol, made to let go of a client that stops reading.
+
+Served as uvicorn's `ws` class (`--ws buzz.ws.transport:RelayWebSocketProtocol`; buzz.dev.serve
+and the test relays pass it). Two changes to uvicorn's protocol:
+
+* Closing ends the connection within a bound. uvicorn closes a transport with `close()`, which
+  waits for the send buffer to drain; for a client that stopped reading it never drains, so the
+  socket stayed ESTABLISHED, holding megabytes in the kernel, for as long as the client liked.
+  Here every close (the relay's close frame, the keepalive's timeout, the end of the ASGI app)
+  arms a deadline, `CLOSE_DEADLINE`: if by then the close frame could not be written, or the
+  buffer still holds unsent data, the transport is aborted with linger 0 (the kernel sends RST
+  and frees the socket and its buffers at once).
+* A text frame that is not UTF-8 is closed with 1007 and one log line, not a traceback: any
+  client can send one before AUTH.
+
+Nothing here imports Django: uvicorn loads this class before the application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+__all__ = ["CLOSE_DEADLINE", "WS_PROTOCOL", "RelayWebSocketProtocol"]
+
+log = logging.getLogger("buzz.ws.transport")
+
+# Seconds a closing connection may wait for its close frame to be written and its send buffer to
+# drain before the transport is aborted. A reading client drains it in milliseconds.
+CLOSE_DEADLINE = 10.0
+CLOSE_INVALID_DATA = 1007  # RFC 6455: a text frame that is not UTF-8
+
+WS_PROTOCOL = f"{__name__}:RelayWebSocketProtocol"
+
+
+class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
+    close_deadline: float = CLOSE_DEADLINE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._abort_timer: asyncio.TimerHandle | None = None
+
+    def _peer(self) -> str:
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+
+    # --- a close ends the connection within the deadline ---------------------------------
+
+    def _arm_abort(self) -> None:
+        if self._abort_timer is None and not self.disconnected:
+            self._abort_timer = self.loop.call_later(self.close_deadline, self._abort_if_stuck)
+
+    def _abort_if_stuck(self) -> None:
+        self._abort_timer = None
+        if self.disconnected or self.transport is None:
+            return
+        unsent = self.transport.get_write_buffer_size()
+        if self.close_sent and unsent == 0:
+            return  # the close frame went out: uvicorn's close handshake timer ends it
+        log.info("%s does not read: aborting its connection with %d bytes unsent", self._peer(), unsent)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            # Linger 0: the kernel resets the connection and frees it. A plain close would leave an
+            # orphaned socket in FIN_WAIT1 probing the zero window, with the unsent data, for minutes.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
+
+    async def send(self, message: Any) -> None:
+        if message.get("type") == "websocket.close" and self.handshake_complete:
+            # Armed before uvicorn's send() waits for the paused transport to become writable.
+            self._arm_abort()
+        await super().send(message)
+
+    def keepalive_timeout(self) -> None:
+        super().keepalive_timeout()
+        self._arm_abort()
+
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        self._arm_abort()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._arm_abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+            self._abort_timer = None
+        super().connection_lost(exc)
+
+    # --- a text frame that is not UTF-8 -----------------------------------------------
+
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type != "text" or self.close_sent:
+            super().send_receive_event_to_app()
+            return
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            log.info("%s sent a text frame that is not UTF-8: closed with %d", self._peer(), CLOSE_INVALID_DATA)
+            self.conn.send_close(CLOSE_INVALID_DATA, "invalid UTF-8")
+            self.handle_parser_exception()
+            self._arm_abort()
+            return
+        self.queue.put_nowait({"type": "websocket.receive", "text": text})
+        if not self.read_paused:
+            # One frame at a time, as uvicorn does: reading resumes once the app takes it.
+            self.read_paused = True
+            self.transport.pause_reading()

@@ -1,0 +1,161 @@
+"""REQ pages on a large channel: the plan walks an index in the page's order, and stored reads are bounded.
+
+The plans are PostgreSQL's own (EXPLAIN ANALYZE) of the statements buzz.events.query runs, on a
+channel of 20,000 messages and 5,000 artifact revisions beside 20,000 events in fifty others: no
+sequential scan, no sort of the channel's rows, and the walk stops at the page. The
+read slots bound the statements that run at once, per connection and per process
+(test_read_slots.py tests the object); here a relay with one slot still completes every REQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from buzz.events.query import page_statement
+from buzz.models import Community
+from buzz.nostr import Signer
+from buzz.nostr.filters import Filter, parse_filter
+from tests.support.factories import make_channel, make_community
+from tests.support.wire import query
+from tests.support.wsclient import RelayClient
+
+HOST = "pages.test"
+BIG = 20_000
+CHANNEL = uuid.UUID("11111111-1111-1111-1111-111111111111")
+
+# Rows the size of a chat message (about 700 bytes of raw JSON), written in bulk by SQL.
+_FILL = """
+INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
+SELECT md5(%(seed)s || g::text) || md5(g::text), %(community)s, repeat('a', 64),
+       CASE WHEN g %% %(every)s = 0 THEN 45010 ELSE 9 END, 1700000000 + g, {channel},
+       '{{"content":"' || repeat(md5(g::text), 20) || '"}}', now()
+FROM generate_series(1, %(n)s) g
+"""
+_TAGS = """
+INSERT INTO buzz_eventtag (event_key, name, value)
+SELECT key, 'h', channel_id::text FROM buzz_storedevent WHERE community_id = %(community)s
+"""
+
+
+def _fill(community: int) -> None:
+    with connection.cursor() as cur:
+        big: dict[str, Any] = {
+            "seed": "a",
+            "community": community,
+            "every": 5,
+            "n": BIG * 5 // 4,
+            "channel": str(CHANNEL),
+        }
+        cur.execute(_FILL.format(channel="%(channel)s::uuid"), big)
+        others = "('22222222-2222-2222-2222-' || lpad((g %% 50)::text, 12, '0'))::uuid"
+        cur.execute(_FILL.format(channel=others), {"seed": "b", "community": community, "every": 5, "n": BIG})
+        cur.execute(_TAGS, {"community": community})
+        cur.execute("ANALYZE buzz_storedevent")
+        cur.execute("ANALYZE buzz_eventtag")
+
+
+@pytest.fixture
+def big_channel(db: None) -> Iterator[int]:
+    community = Community.objects.create(host=HOST, name="Pages", relay_secret="1" * 64, relay_pubkey="2" * 64)
+    _fill(community.pk)
+    yield community.pk
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def _plan(sql: str, args: list[Any]) -> list[dict[str, Any]]:
+    with connection.cursor() as cur:
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", args)
+        (document,) = cur.fetchone()
+    return list(_nodes(document[0]["Plan"]))
+
+
+def _filter(raw: dict[str, Any]) -> Filter:
+    return parse_filter(raw, max_values=1000, max_limit=1000, default_limit=500)
+
+
+@pytest.mark.parametrize(
+    ("shape", "index"),
+    [
+        # The channel's messages: its time index or the kind one, whichever the planner prices lower.
+        ({"kinds": [9], "#h": [str(CHANNEL)], "limit": 1000}, None),
+        # A kind that is a fifth of the channel (artifact revisions): only the rows of that kind are read.
+        ({"kinds": [45010], "#h": [str(CHANNEL)], "limit": 1000}, "event_page_kind"),
+        # Without kinds: the channel's time index, ties on created_at put in id order as they come.
+        ({"#h": [str(CHANNEL)], "limit": 1000}, "event_channel_time"),
+    ],
+)
+def test_a_page_of_a_20000_message_channel_walks_an_index_without_sorting(
+    big_channel: int, shape: dict[str, Any], index: str | None
+) -> None:
+    f = _filter(shape)
+    for after in (None, (1700000000 + BIG // 2, "8" * 64)):  # the first page, and one from the middle
+        sql, args = page_statement(big_channel, f, [CHANNEL], after=after, rows=100)
+        nodes = _plan(sql, args)
+        types = [n["Node Type"] for n in nodes]
+        assert "Seq Scan" not in types and "Bitmap Heap Scan" not in types, types
+        assert "Sort" not in types, types  # an Incremental Sort sorts only rows of equal created_at
+        [scan] = [n for n in nodes if n.get("Relation Name") == "buzz_storedevent"]
+        assert scan["Node Type"] == "Index Scan", scan
+        if index is not None:
+            assert scan["Index Name"] == index, scan
+        # The walk stops at the page: a hundred rows or so read, not the channel's 25,000.
+        assert scan["Actual Rows"] <= 101 and scan.get("Rows Removed by Filter", 0) <= 100, scan
+
+
+@pytest.fixture
+def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
+    reader = Signer.generate()
+    community = make_community("slots.test", "Slots", members=[reader])
+    channel = make_channel(community, reader, name="c")
+    with connection.cursor() as cur:
+        cur.execute(
+            _FILL.format(channel="%(channel)s::uuid"),
+            {"seed": "s", "community": community.pk, "every": 10**9, "n": 350, "channel": str(channel)},
+        )
+        cur.execute(_TAGS, {"community": community.pk})
+    return reader, channel
+
+
+async def test_reqs_beyond_the_read_slots_wait_and_all_complete(
+    stocked: tuple[Signer, uuid.UUID], relay_factory: Any
+) -> None:
+    reader, channel = stocked
+    relay = relay_factory(BUZZ_READ_SLOTS="1", BUZZ_READS_PER_CONNECTION="1")
+
+    async def one_client(n: int) -> list[int]:
+        async with RelayClient.connect(relay.ws_url, host="slots.test") as client:
+            assert (await client.auth(reader))[2] is True
+            subs = [f"c{n}-{i}" for i in range(4)]
+            for sub in subs:  # four REQs of four pages each, in flight at once on one connection
+                await client.send_json(["REQ", sub, {"kinds": [9], "#h": [str(channel)], "limit": 350}])
+            counts = {sub: 0 for sub in subs}
+            ended: set[str] = set()
+            while ended != set(subs):
+                m = await client.recv_json(timeout=60)
+                if m[0] == "EVENT":
+                    counts[m[1]] += 1
+                elif m[0] == "EOSE":
+                    ended.add(m[1])
+                else:
+                    raise AssertionError(f"unexpected {m!r}")
+            return [counts[s] for s in subs]
+
+    results = await asyncio.gather(*(one_client(n) for n in range(6)))
+    assert results == [[350] * 4] * 6
+    async with RelayClient.connect(relay.ws_url, host="slots.test") as client:
+        assert (await client.auth(reader))[2] is True
+        await client.send_json(["COUNT", "n", {"kinds": [9], "#h": [str(channel)]}])
+        assert (await client.expect("COUNT"))[2] == {"count": 350}
+        final, events = await query(client, "q", {"kinds": [9], "#h": [str(channel)], "limit": 5})
+        assert final[0] == "EOSE" and len(events) == 5
