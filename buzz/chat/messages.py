@@ -52,10 +52,11 @@ WITH facts AS (
 ), allowed AS (
   SELECT f.channel_pk FROM facts f WHERE {post_allowed_sql("f")}
 ), root AS (
-  -- The root in the reply's own channel, looked up by its identity only when the message names one.
+  -- The root in the reply's own channel, looked up only when the message names one, by its id: the
+  -- community and the channel are compared, not searched on, so only event_id_lookup serves it.
   SELECT r.kind, r.deleted_at FROM buzz_storedevent r
-  WHERE %(root)s::varchar IS NOT NULL AND r.community_id = %(community)s AND r.id = %(root)s
-    AND r.channel_id IS NOT DISTINCT FROM %(channel)s::uuid
+  WHERE %(root)s::varchar IS NOT NULL AND r.id = %(root)s
+    AND r.community_id IS NOT DISTINCT FROM %(community)s::bigint AND r.channel_id IS NOT DISTINCT FROM %(channel)s::uuid
 ), bad_root AS (
   SELECT kind FROM root WHERE deleted_at IS NULL AND kind = ANY(%(unrooted)s::int[])
 ), root_ok AS (
