@@ -56,7 +56,8 @@ WITH facts AS (
   -- community and the channel are compared, not searched on, so only event_id_lookup serves it.
   SELECT r.kind, r.deleted_at FROM buzz_storedevent r
   WHERE %(root)s::varchar IS NOT NULL AND r.id = %(root)s
-    AND r.community_id IS NOT DISTINCT FROM %(community)s::bigint AND r.channel_id IS NOT DISTINCT FROM %(channel)s::uuid
+    AND r.community_id IS NOT DISTINCT FROM %(community)s::bigint
+    AND r.channel_id IS NOT DISTINCT FROM %(channel)s::uuid
 ), bad_root AS (
   SELECT kind FROM root WHERE deleted_at IS NULL AND kind = ANY(%(unrooted)s::int[])
 ), root_ok AS (
