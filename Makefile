@@ -3,6 +3,8 @@
 # Redis with their data under ./var/; with them set, they use those.
 
 PORT ?= 7777
+# uvicorn worker processes behind PORT; empty: one per core (buzz.dev.serve --workers).
+WORKERS ?=
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 SUITE ?=
@@ -27,7 +29,9 @@ NO_DB_WARNING := -W "ignore:Got an error checking a consistent migration history
 .PHONY: help venv run test check lint bench clean-var
 
 help:
-	@echo "make run [PORT=7777]      migrate, ensure a localhost community, serve on 127.0.0.1:PORT"
+	@echo "make run [PORT=7777] [WORKERS=N]"
+	@echo "                          migrate, ensure a localhost community, serve on 127.0.0.1:PORT"
+	@echo "                          with N uvicorn worker processes (default: one per core)"
 	@echo "make test [PYTEST_ARGS=]  run the whole pytest suite"
 	@echo "make check                what CI checks before the tests: ruff check, ruff format --check,"
 	@echo "                          import-linter contracts, makemigrations --check, mypy $(MYPY_PATHS)"
@@ -48,7 +52,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 	@touch $@
 
 run: $(STAMP)
-	$(PY) -m buzz.dev.serve --port $(PORT) $(RUN_ARGS)
+	$(PY) -m buzz.dev.serve --port $(PORT) $(if $(WORKERS),--workers $(WORKERS),) $(RUN_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

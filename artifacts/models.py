@@ -40,6 +40,8 @@ class Artifact(models.Model):
             models.Index(fields=["community", "changed_at"], name="artifact_changed"),
             # Finds the artifact a revision heads (redaction), and backs the head's composite foreign key.
             models.Index(fields=["community", "head_id"], name="artifact_head"),
+            # The exact lookup by d on the write path (tests/chat/test_hot_plans.py).
+            models.Index(fields=["d"], name="artifact_d_lookup"),
         ]
 
     def __str__(self) -> str:
@@ -74,6 +76,8 @@ class Revision(models.Model):
         indexes = [
             models.Index(fields=["artifact", "seq"], name="revision_history"),
             models.Index(fields=["community", "channel", "seq"], name="revision_channel"),
+            # The exact lookup by revision id on the write path (a resubmission).
+            models.Index(fields=["id"], name="revision_id_lookup"),
         ]
 
     def __str__(self) -> str:

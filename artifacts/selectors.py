@@ -11,6 +11,7 @@ the whole request by the same budget (artifacts.views).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Callable
@@ -143,23 +144,35 @@ Statement = Callable[[list[uuid.UUID]], tuple[str, list[Any]]]
 
 
 async def _read(actor: Actor, query: ArtifactQuery, statement: Statement, deadline: float | None) -> list[Any] | None:
-    """Scope, then the view's statement, in one budgeted read-only snapshot. None: no channel in scope."""
+    """Scope, then the view's statement, in one budgeted read-only snapshot. None: no channel in scope.
+
+    Four round trips: BEGIN with the settings (one simple query), the policy's read of the scope, the
+    view's statement, COMMIT. The pool's connections are in autocommit, so the transaction is opened
+    and closed here, by hand."""
     pool = await runtime.pool()
     try:
-        async with pool.connection() as conn, conn.transaction():
-            # One round trip. Custom plans: a generic plan for these array predicates ignores how selective
-            # each value is, and measured 5-27x slower than one hand-written statement (bench/query_current.py).
+        async with pool.connection() as conn:
+            # Custom plans: a generic plan for these array predicates ignores how selective each value
+            # is, and measured 5-27x slower than one hand-written statement (bench/query_current.py).
             await conn.execute(
-                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;"
+                "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # type: ignore[arg-type]
                 f" SET LOCAL statement_timeout = {_remaining_ms(deadline)};"
                 " SET LOCAL plan_cache_mode = force_custom_plan"
             )
-            # The access reads are part of the query: inside its budget and its snapshot.
-            channels = await scope(actor, query, conn=conn)
-            if not channels:
-                return None
-            sql, args = statement(channels)
-            return await (await conn.execute(sql, args)).fetchall()
+            try:
+                # The access reads are part of the query: inside its budget and its snapshot.
+                channels = await scope(actor, query, conn=conn)
+                rows = None
+                if channels:
+                    sql, args = statement(channels)
+                    rows = await (await conn.execute(sql, args)).fetchall()
+            except BaseException:
+                # A broken connection can't roll back; the pool discards it then.
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+                raise
+            await conn.execute("COMMIT")
+            return rows
     except psycopg.errors.QueryCanceled:
         raise QueryError(BUDGET_EXCEEDED) from None
 

@@ -3,16 +3,17 @@
 `accept_revision` checks in kind 9's order (buzz.access.policy: "Relays apply these checks the
 same way, and at the same point, as for a kind-9 message"): the token's scope, then, for an
 envelope that doesn't parse, the h tag and the sender's standing (a ban, a timeout, a dead token)
-before the envelope's own reason. Then one transaction per revision:
+before the envelope's own reason. Then, without a transaction (each write is one statement):
 
-  create: the policy read for h, then ONE statement that checks the root anchor, claims the
-    identity (INSERT ... ON CONFLICT DO NOTHING) with the revision, the current-tag index, new
-    mentions and the channel's stored event, and says whether d was taken. A taken d is answered
-    before a bad root: the spec's ensure flow starts with "Sends create ... On conflict, reads the head".
-  edit: ONE read of the artifact row and the root anchor (no lock), the policy read for the
-    artifact's home and for h (a move's destination), the checks, then ONE statement that advances
-    the head by compare-and-set (UPDATE ... WHERE head_id = prev: two competing edits can't both
-    succeed) and only then inserts the revision, replaces the current-tag index, records new
+  create: ONE statement, one round trip: the policy's facts for h with decide_post's condition
+    (buzz.access.policy), the root anchor, the identity claimed (INSERT ... ON CONFLICT DO NOTHING)
+    with the revision, the current-tag index, new mentions and the channel's stored event, whether d
+    was taken and whether this revision was accepted before. A taken d is answered before a bad root:
+    the spec's ensure flow starts with "Sends create ... On conflict, reads the head".
+  edit: ONE read of the artifact row, the policy's facts for the artifact's home and for h (a move's
+    destination), the root anchor and the resubmission check (no lock), the checks, then ONE statement
+    that advances the head by compare-and-set (UPDATE ... WHERE head_id = prev: two competing edits
+    can't both succeed) and only then inserts the revision, replaces the current-tag index, records new
     mentions and, for a move, stores the relay-signed kind-45011 removal. An edit that loses the
     compare-and-set to a concurrent one is checked again against the head that won.
 After commit it signals live subscribers of every channel the change touches.
@@ -21,7 +22,7 @@ Non-disclosure: an edit of an artifact the sender can't read gets the same answe
 missing one (HEAD_UNAVAILABLE), and a create of a taken d says only that. Up to that answer both edit
 paths send the same statements in the same order and neither takes a lock (a row lock would give
 one of them a transaction id and a WAL flush at commit), so the time of the answer tells nothing
-either (tests/db/test_artifact_statement_parity.py, bench/artifact_timing.py).
+either (tests/artifacts/test_artifact_statement_parity.py, bench/artifact_timing.py).
 """
 
 from __future__ import annotations
@@ -45,15 +46,17 @@ from artifacts.envelope import (
 from artifacts.query import MODES, QUERY_LIMITS
 from buzz.access.policy import (
     ARCHIVED,
+    FACT_COLUMNS,
     NOT_A_MEMBER,
     SCOPE_WRITE,
     TOKEN_CHANNEL,
-    ChannelAccess,
+    access_facts_sql,
+    access_from_row,
+    access_params,
     check_post,
     decide_post,
     has_scope,
-    load_access,
-    load_access_many,
+    post_allowed_sql,
 )
 from buzz.chat.channels import ChannelError
 from buzz.chat.messages import mentioned, named_pubkeys
@@ -99,13 +102,16 @@ def _channel_bound(reason: str) -> bool:
     return _hidden(reason) or reason == ARCHIVED
 
 
+# Is this event a revision accepted before? (A resubmission is answered "duplicate:" whatever else holds.)
+_SEEN = (
+    "EXISTS (SELECT 1 FROM artifacts_revision s"
+    " WHERE s.id = %(id)s AND s.community_id IS NOT DISTINCT FROM %(community)s::bigint)"
+)
+
+
 async def _revision_exists(conn: AsyncConnection[Any], community_id: int, event_id: str) -> bool:
-    row = await (
-        await conn.execute(
-            "SELECT 1 FROM artifacts_revision WHERE community_id = %s AND id = %s", (community_id, event_id)
-        )
-    ).fetchone()
-    return row is not None
+    row = await (await conn.execute(f"SELECT {_SEEN}", {"community": community_id, "id": event_id})).fetchone()
+    return bool(row and row[0])
 
 
 async def already_accepted(actor: Actor, event: Event) -> bool:
@@ -115,37 +121,46 @@ async def already_accepted(actor: Actor, event: Event) -> bool:
         return await _revision_exists(conn, actor.community.id, event.id)
 
 
-async def _write_access(
-    actor: Actor, channel: uuid.UUID, owner: str | None, conn: AsyncConnection[Any]
-) -> tuple[bool, str, ChannelAccess]:
-    access = await load_access(actor, channel, owner=owner, conn=conn)
-    decision = decide_post(actor, channel, access)
-    return decision.ok, decision.reason, access
-
-
 # Is %(root)s an existing, undeleted conversation anchor in %(h)s? (true when there is no root)
+# Every exact lookup of the write path compares the community (and the channel) without searching on
+# them: the one index it can use is the one led by the key (migrations buzz 0005, artifacts 0007), so a
+# generic plan made on empty or never-analyzed tables can't scan a channel (tests/chat/test_hot_plans.py).
 _ANCHOR_OK = """(%(root)s::varchar IS NULL OR EXISTS (
   SELECT 1 FROM buzz_storedevent e
-  WHERE e.community_id = %(community)s AND e.id = %(root)s AND e.channel_id = %(h)s
+  WHERE e.id = %(root)s AND e.community_id IS NOT DISTINCT FROM %(community)s::bigint
+    AND e.channel_id IS NOT DISTINCT FROM %(h)s::uuid
     AND e.deleted_at IS NULL AND e.kind = ANY(%(anchor_kinds)s::int[])))"""
 
-# One row whether d exists or not (a LEFT JOIN), with the anchor answer: a missing d and an unreadable
-# one run this same statement. No lock: the compare-and-set in _ADVANCE decides between competing edits.
+# The one read of an edit: the artifact row whether d exists or not (a LEFT JOIN), the policy's facts for
+# the channel it lives in (h for a missing d) and for h, the anchor answer and whether this event was
+# accepted before, as two rows (one per channel). A missing d and an unreadable one run this same statement.
+# No lock: the compare-and-set in _ADVANCE decides between competing edits.
 _READ = f"""
-SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, a.p_tags, {_ANCHOR_OK}
-FROM (VALUES (1)) AS one (x)
-LEFT JOIN artifacts_artifact a ON a.community_id = %(community)s AND a.d = %(d)s
+WITH art AS (
+  SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, a.p_tags
+  FROM (VALUES (1)) AS one (x)
+  LEFT JOIN artifacts_artifact a ON a.d = %(d)s AND a.community_id IS NOT DISTINCT FROM %(community)s::bigint
+), facts AS (
+{access_facts_sql("ARRAY[(SELECT coalesce(art.home, %(h)s::uuid) FROM art), %(h)s::uuid]")}
+)
+SELECT f.*, art.*, {_ANCHOR_OK}, {_SEEN}
+FROM facts f, art
 """  # noqa: S608 - composed from code, values are placeholders
 
+# A create in one statement: the policy's facts for h and its decision as a condition (buzz.access.policy),
+# the anchor, the identity claimed with the revision and everything that goes with it; the answer's reason
+# is decide_post's on the returned facts.
 _CREATE = f"""
-WITH anchor AS (
+WITH facts AS (
+{access_facts_sql()}
+), anchor AS (
   SELECT {_ANCHOR_OK} AS ok
 ), art AS (
   INSERT INTO artifacts_artifact (community_id, d, type, head_id, home, root, deleted, retired, p_tags, created_at,
                                   changed_at)
   SELECT %(community)s, %(d)s, %(type)s, %(id)s, %(h)s, %(root)s, false, false, %(p_tags)s::varchar[], now(),
          clock_timestamp()
-  FROM anchor WHERE anchor.ok
+  FROM anchor, facts f WHERE anchor.ok AND {post_allowed_sql("f")}
   ON CONFLICT (community_id, d) DO NOTHING RETURNING id
 ), rev AS (
   INSERT INTO artifacts_revision (id, community_id, artifact_id, op, channel, prev, root, pubkey, created_at, raw,
@@ -163,8 +178,10 @@ WITH anchor AS (
 ),
 -- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
 {insert_ctes("stored", "ev", source="art")}
-SELECT (SELECT seq FROM rev), (SELECT ok FROM anchor),
-       EXISTS (SELECT 1 FROM artifacts_artifact WHERE community_id = %(community)s AND d = %(d)s)
+SELECT f.*, (SELECT seq FROM rev), (SELECT ok FROM anchor),
+       EXISTS (SELECT 1 FROM artifacts_artifact t
+               WHERE t.d = %(d)s AND t.community_id IS NOT DISTINCT FROM %(community)s::bigint), {_SEEN}
+FROM facts f
 """  # noqa: S608 - composed from code, values are placeholders
 
 # Everything hangs on `head`, the compare-and-set: when the head is no longer prev it updates no row and
@@ -221,7 +238,9 @@ def _tag_arrays(event: Event) -> tuple[list[str], list[str]]:
 
 async def accept_revision(actor: Actor, event: Event) -> WriteResult:
     if not has_scope(actor, SCOPE_WRITE):
-        # Kind 9 answers the scope before reading anything.
+        # A resubmission is a duplicate whatever else holds; then kind 9 answers the scope before reading.
+        if await already_accepted(actor, event):
+            return WriteResult.accepted(DUPLICATE)
         _, decision = await check_post(actor, event)
         return WriteResult.rejected(decision.reason)
     try:
@@ -230,7 +249,10 @@ async def accept_revision(actor: Actor, event: Event) -> WriteResult:
         return await _refuse_malformed(actor, event, err.reason)
     owner = _owner(event)
     pool = await runtime.pool()
-    async with pool.connection() as conn, conn.transaction():
+    # No transaction around the statements: a create is one atomic statement, and an edit's one write is
+    # the compare-and-set statement (its read takes no lock, so a transaction would add BEGIN and COMMIT
+    # round trips and nothing else).
+    async with pool.connection() as conn:
         if envelope.is_create:
             result, published = await _create(conn, actor, event, envelope, owner)
         else:
@@ -251,45 +273,53 @@ async def _refuse_malformed(actor: Actor, event: Event, reason: str) -> WriteRes
     return WriteResult.rejected(reason)
 
 
+def create_params(actor: Actor, event: Event, env: Envelope, owner: str | None) -> dict[str, Any]:
+    """The parameters of the create statement (tests/chat/test_hot_plans.py explains it with them)."""
+    names, values = _tag_arrays(event)
+    return {
+        **access_params(actor, [env.h], owner=owner),
+        "community": actor.community.id,
+        "d": env.d,
+        "type": env.type,
+        "id": event.id,
+        "h": env.h,
+        "root": env.root,
+        "anchor_kinds": list(ANCHOR_KINDS),
+        "op": env.op,
+        "pubkey": event.pubkey,
+        "created_at": event.created_at,
+        "raw": event.to_json(),
+        "tag_names": names,
+        "tag_values": values,
+        "mentions": mentioned(event),
+        "p_tags": named_pubkeys(event),
+        "kind": KIND_ARTIFACT,
+        **insert_params("ev", community_id=actor.community.id, event=event, channel=env.h),
+    }
+
+
 async def _create(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
 ) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]]:
-    ok, reason, _ = await _write_access(actor, env.h, owner, conn)
-    if not ok:
-        return WriteResult.rejected(reason), []
-    names, values = _tag_arrays(event)
-    row = await (
-        await conn.execute(
-            _CREATE,
-            {
-                "community": actor.community.id,
-                "d": env.d,
-                "type": env.type,
-                "id": event.id,
-                "h": env.h,
-                "root": env.root,
-                "anchor_kinds": list(ANCHOR_KINDS),
-                "op": env.op,
-                "pubkey": event.pubkey,
-                "created_at": event.created_at,
-                "raw": event.to_json(),
-                "tag_names": names,
-                "tag_values": values,
-                "mentions": mentioned(event),
-                "p_tags": named_pubkeys(event),
-                "kind": KIND_ARTIFACT,
-                **insert_params("ev", community_id=actor.community.id, event=event, channel=env.h),
-            },
-        )
-    ).fetchone()
+    row = await (await conn.execute(_CREATE, create_params(actor, event, env, owner))).fetchone()
     if row is None:
         raise RuntimeError("the create statement returned no row")
-    seq, anchor_ok, taken = row
+    _, access = access_from_row(row)
+    decision = decide_post(actor, env.h, access)
+    seq, anchor_ok, taken, seen = row[FACT_COLUMNS:]
     if seq is not None:
+        if not decision.ok:
+            raise RuntimeError("the policy's SQL condition allowed a revision decide_post refuses")
         return WriteResult.accepted(), [(env.h, event)]
+    if seen:
+        # A resubmission says only "you sent this before", before any other answer.
+        return WriteResult.accepted(DUPLICATE), []
+    if not decision.ok:
+        return WriteResult.rejected(decision.reason), []
     # Identity before root. Not inserted with a good root: d was taken by a create that committed meanwhile.
     if taken or anchor_ok:
-        # A retry that raced its own first attempt is a duplicate, not a conflict.
+        # A retry that raced its own first attempt (committed after this statement's snapshot) is a
+        # duplicate, not a conflict: looked up again only on this failure path.
         if await _revision_exists(conn, actor.community.id, event.id):
             return WriteResult.accepted(DUPLICATE), []
         # A deleted d stays reserved too: the identity row is never removed.
@@ -309,36 +339,83 @@ async def _edit(
     return WriteResult.rejected(HEAD_CHANGED), []
 
 
+def read_params(actor: Actor, event: Event, env: Envelope, owner: str | None) -> dict[str, Any]:
+    """The parameters of an edit's read (tests/chat/test_hot_plans.py explains it with them)."""
+    return {
+        **access_params(actor, [env.h], owner=owner),
+        "community": actor.community.id,
+        "d": env.d,
+        "id": event.id,
+        "root": env.root,
+        "h": env.h,
+        "anchor_kinds": list(ANCHOR_KINDS),
+    }
+
+
+def advance_params(
+    actor: Actor,
+    event: Event,
+    env: Envelope,
+    *,
+    artifact: int,
+    carried: list[str],
+    removal: Event | None,
+    source: uuid.UUID | None,
+) -> dict[str, Any]:
+    """The parameters of the compare-and-set statement."""
+    community = actor.community.id
+    names, values = _tag_arrays(event)
+    return {
+        "community": community,
+        "artifact": artifact,
+        "id": event.id,
+        "op": env.op,
+        "h": env.h,
+        "prev": env.prev,
+        "root": env.root,
+        "pubkey": event.pubkey,
+        "created_at": event.created_at,
+        "raw": event.to_json(),
+        "deleted": env.op == "delete",
+        "tag_names": names,
+        "tag_values": values,
+        # Mentions only for p tags the last revision that is not a deletion did not carry (a deletion
+        # carries none, and keeps the set for the restore to be compared with).
+        "mentions": mentioned(event, exclude=carried),
+        "p_tags": carried if env.op == "delete" else named_pubkeys(event),
+        "kind": KIND_ARTIFACT,
+        "removal_id": removal.id if removal else None,
+        "removal_raw": removal.to_json() if removal else None,
+        "source": source,
+        **insert_params("ev", community_id=community, event=event, channel=env.h),
+        **insert_params("rm", community_id=community, event=removal, channel=source),
+    }
+
+
 async def _edit_once(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
 ) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]] | None:
     """One pass of an edit; None when the compare-and-set found the head changed since it was read."""
-    community = actor.community.id
-    read = {"community": community, "d": env.d, "root": env.root, "h": env.h, "anchor_kinds": list(ANCHOR_KINDS)}
-    row = await (await conn.execute(_READ, read)).fetchone()
-    if row is None:
+    rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
+    if not rows:
         raise RuntimeError("the artifact read returned no row")
-    pk, type_name, head_id, home, root, deleted, p_tags, anchor_ok = row
-    # The same policy read on both paths: the channel the artifact lives in (or h for a missing d), and h.
+    facts = dict(access_from_row(r) for r in rows)
+    pk, type_name, head_id, home, root, deleted, p_tags, anchor_ok, seen = rows[0][FACT_COLUMNS:]
+    # A resubmission (or a copy of this event that committed meanwhile, a retry in flight) says only
+    # "you sent this before", before any other answer, as buzz.events.ingest's duplicate answer did.
+    if seen:
+        return WriteResult.accepted(DUPLICATE), []
+    # The same policy facts on both paths: the channel the artifact lives in (or h for a missing d), and h.
     checked = home if pk is not None else env.h
-    facts = await load_access_many(actor, [checked, env.h], owner=owner, conn=conn)
     decision = decide_post(actor, checked, facts[checked])
     if pk is None:
         # The sender's own standing (scope, ban, timeout, a dead token) denies an edit of an existing
         # artifact below; it must deny a missing one alike, or the answer would tell that d exists.
         denied = not decision.ok and not _channel_bound(decision.reason)
         return WriteResult.rejected(decision.reason if denied else HEAD_UNAVAILABLE), []
-    # A copy of this event that committed meanwhile (a retry in flight): like the duplicate answer
-    # buzz.events.ingest gives before any check, it says only "you sent this before".
-    if head_id == event.id:
-        return WriteResult.accepted(DUPLICATE), []
     if not decision.ok:
         return WriteResult.rejected(HEAD_UNAVAILABLE if _hidden(decision.reason) else decision.reason), []
     if env.prev != head_id:
-        # Looked up only once the sender may write where the artifact lives: before, the extra statement
-        # would tell an unreadable artifact from a missing one by its time.
-        if await _revision_exists(conn, community, event.id):
-            return WriteResult.accepted(DUPLICATE), []
         return WriteResult.rejected(HEAD_CHANGED), []
     if env.type != type_name:
         return WriteResult.rejected("invalid: type is immutable"), []
@@ -366,38 +443,8 @@ async def _edit_once(
             # A root that is kept needs no anchor any more; a new one must exist now.
             return WriteResult.rejected(ANCHOR_INVALID), []
     removal = removal_event(actor.community, d=env.d, source=source, replaced=head_id) if source else None
-    names, values = _tag_arrays(event)
-    # Mentions only for p tags the last revision that is not a deletion did not carry (a deletion carries
-    # none, and keeps the set for the restore to be compared with).
-    carried = list(p_tags or [])
-    seq = await (
-        await conn.execute(
-            _ADVANCE,
-            {
-                "community": community,
-                "artifact": pk,
-                "id": event.id,
-                "op": env.op,
-                "h": env.h,
-                "prev": env.prev,
-                "root": env.root,
-                "pubkey": event.pubkey,
-                "created_at": event.created_at,
-                "raw": event.to_json(),
-                "deleted": env.op == "delete",
-                "tag_names": names,
-                "tag_values": values,
-                "mentions": mentioned(event, exclude=carried),
-                "p_tags": carried if env.op == "delete" else named_pubkeys(event),
-                "kind": KIND_ARTIFACT,
-                "removal_id": removal.id if removal else None,
-                "removal_raw": removal.to_json() if removal else None,
-                "source": source,
-                **insert_params("ev", community_id=community, event=event, channel=env.h),
-                **insert_params("rm", community_id=community, event=removal, channel=source),
-            },
-        )
-    ).fetchone()
+    params = advance_params(actor, event, env, artifact=pk, carried=list(p_tags or []), removal=removal, source=source)
+    seq = await (await conn.execute(_ADVANCE, params)).fetchone()
     if seq is None:
         return None
     published = [(env.h, event)]

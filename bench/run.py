@@ -147,6 +147,13 @@ register(
 )
 
 register(
+    "peers",
+    "kind-9 messages/s and NIP-AR revisions/s (25% creates) beside nostr-relay (kind 1) and pgbench -N, 8"
+    " connections, 3 interleaved rounds, medians, p99 OK latency; --analyze, --idle-syncs 1000, --workers N",
+    # pip installs the peer once (minutes); each round: pgbench, then three loads of --seconds + warm-up.
+    Step("peers.py", 900, lambda o: 2 * 3 * (4 * ((o.seconds or 10.0) + 4) + 30)),
+)
+register(
     "sync",
     "NIP-AR sync: time to EOSE vs a bare keyset read, delivery with 1000 syncs vs bare Redis, memory per idle"
     " sync, write throughput with 1000 idle syncs vs none",

@@ -101,6 +101,9 @@ class StoredEvent(models.Model):
             models.Index(fields=["community", "kind", "-created_at"], name="event_kind_time"),
             models.Index(fields=["community", "channel_id", "-created_at"], name="event_channel_time"),
             models.Index(fields=["community", "pubkey", "-created_at"], name="event_author_time"),
+            # The exact lookup by event id (a reply's root, an artifact's anchor): the one index a lookup that
+            # compares the community without searching on it can use, whatever the statistics say.
+            models.Index(fields=["id"], name="event_id_lookup"),
         ]
 
     def __str__(self) -> str:

@@ -110,21 +110,80 @@ class Decision:
 
 # One row per asked channel; the ban, timeout, token and admission facts are the actor's, computed once.
 # Admission: a members-only community admits its relay members only (the rule AUTH applies).
-_ACCESS_SQL = """
-SELECT q.u,
-  EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = ANY(%(subjects)s)
-          AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())),
-  (SELECT max(t.until) FROM buzz_timeout t WHERE t.community_id = %(community)s AND t.pubkey = %(pubkey)s
-          AND t.until > now()),
-  c.id, c.visibility, c.type, c.archived_at IS NOT NULL, c.deleted_at IS NOT NULL, m.role,
-  (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s AND k.revoked_at IS NULL
-          AND (k.expires_at IS NULL OR k.expires_at > now()))),
-  (NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(community)s
-          AND r.pubkey = %(pubkey)s))
-FROM unnest(%(channels)s::uuid[]) AS q(u)
-LEFT JOIN buzz_channel c ON c.community_id = %(community)s AND c.uuid = q.u
-LEFT JOIN buzz_membership m ON m.channel_id = c.id AND m.pubkey = %(pubkey)s AND m.removed_at IS NULL
-"""
+# The parameters are `acc_`-prefixed (`access_params`) so that a write statement can embed the facts as a CTE
+# beside parameters of its own; `channels` is an SQL expression of type uuid[].
+def access_facts_sql(channels: str = "%(acc_channels)s::uuid[]") -> str:
+    """The facts' SELECT, one row per channel in `channels`; its columns are read by `access_from_row`."""
+    return f"""SELECT q.u AS channel,
+  EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(acc_community)s AND b.pubkey = ANY(%(acc_subjects)s)
+          AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())) AS banned,
+  (SELECT max(t.until) FROM buzz_timeout t WHERE t.community_id = %(acc_community)s AND t.pubkey = %(acc_pubkey)s
+          AND t.until > now()) AS timeout_until,
+  c.id AS channel_pk, c.visibility, c.type AS ctype, c.archived_at IS NOT NULL AS archived,
+  c.deleted_at IS NOT NULL AS deleted, m.role,
+  (%(acc_token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(acc_token)s
+          AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()))) AS token_ok,
+  (NOT %(acc_members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(acc_community)s
+          AND r.pubkey = %(acc_pubkey)s)) AS admitted
+FROM unnest({channels}) AS q(u)
+LEFT JOIN buzz_channel c ON c.community_id = %(acc_community)s AND c.uuid = q.u
+LEFT JOIN buzz_membership m ON m.channel_id = c.id AND m.pubkey = %(acc_pubkey)s AND m.removed_at IS NULL"""  # noqa: S608
+
+
+# How many leading columns of a statement's row `access_from_row` reads.
+FACT_COLUMNS = 11
+_ACCESS_SQL = access_facts_sql()
+
+
+def access_params(actor: Actor, channels: Sequence[uuid.UUID] = (), *, owner: str | None = None) -> dict[str, Any]:
+    """The parameters of `access_facts_sql` and `post_allowed_sql`. `channels` fills %(acc_channels)s; a
+    statement that computes its channels itself still passes the ones it may ask about, for the token's cover."""
+    return {
+        "acc_community": actor.community.id,
+        "acc_subjects": [actor.pubkey] if owner is None else [actor.pubkey, owner],
+        "acc_pubkey": actor.pubkey,
+        "acc_channels": list(channels),
+        "acc_token": actor.token_id,
+        "acc_members_only": members_only(actor),
+        "acc_may_write": has_scope(actor, SCOPE_WRITE),
+        # None: the credential covers every channel; else the channels it covers (parse_channel_id drops junk).
+        "acc_covered": None
+        if actor.channels is None
+        else sorted(c for c in (parse_channel_id(v) for v in actor.channels) if c is not None),
+    }
+
+
+def access_from_row(row: Sequence[Any]) -> tuple[uuid.UUID, ChannelAccess]:
+    """The channel and its facts from the first FACT_COLUMNS columns of a row of `access_facts_sql`."""
+    channel, banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok, ok = row[:FACT_COLUMNS]
+    return channel, ChannelAccess(
+        token_ok=bool(token_ok),
+        admitted=bool(ok),
+        channel_pk=pk,
+        visibility=visibility,
+        type=ctype,
+        archived=bool(archived),
+        deleted=bool(deleted),
+        role=role,
+        banned=bool(banned),
+        timeout_until=timeout_until,
+    )
+
+
+def post_allowed_sql(facts: str) -> str:
+    """`decide_post(...).ok` as an SQL condition on a row `facts` of `access_facts_sql` (with the parameters
+    of `access_params`), for a write statement that decides and writes in one round trip. The statement
+    returns the facts too, and the caller answers with `decide_post` on them, so the reason is always the
+    Python decision's; tests/access/test_policy_sql.py pins that the two agree on every combination."""
+    roles = ", ".join(f"'{role}'" for role in sorted(WRITER_ROLES))
+    f = facts
+    return f"""coalesce(%(acc_may_write)s::boolean AND {f}.token_ok AND {f}.admitted AND NOT {f}.banned
+  AND {f}.timeout_until IS NULL
+  AND (%(acc_covered)s::uuid[] IS NULL OR {f}.channel = ANY(%(acc_covered)s::uuid[]))
+  AND {f}.channel_pk IS NOT NULL AND NOT {f}.deleted
+  AND CASE WHEN {f}.role IS NOT NULL THEN {f}.role IN ({roles})
+           ELSE {f}.visibility = 'open' AND {f}.ctype <> 'dm' END
+  AND NOT {f}.archived, false)"""
 
 
 def parse_channel_id(value: str) -> uuid.UUID | None:
@@ -161,36 +220,14 @@ async def load_access_many(
     conn: AsyncConnection[Any] | None = None,
 ) -> dict[uuid.UUID, ChannelAccess]:
     """The facts about the actor and each channel, in one round trip."""
-    subjects = [actor.pubkey] if owner is None else [actor.pubkey, owner]
-    params = {
-        "community": actor.community.id,
-        "subjects": subjects,
-        "pubkey": actor.pubkey,
-        "channels": list(channels),
-        "token": actor.token_id,
-        "members_only": members_only(actor),
-    }
+    params = access_params(actor, channels, owner=owner)
     if conn is None:
         pool = await runtime.pool()
         async with pool.connection() as own:
             rows = await (await own.execute(_ACCESS_SQL, params)).fetchall()
     else:
         rows = await (await conn.execute(_ACCESS_SQL, params)).fetchall()
-    out: dict[uuid.UUID, ChannelAccess] = {}
-    for channel, banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok, ok in rows:
-        out[channel] = ChannelAccess(
-            token_ok=bool(token_ok),
-            admitted=bool(ok),
-            channel_pk=pk,
-            visibility=visibility,
-            type=ctype,
-            archived=bool(archived),
-            deleted=bool(deleted),
-            role=role,
-            banned=bool(banned),
-            timeout_until=timeout_until,
-        )
-    return out
+    return dict(access_from_row(row) for row in rows)
 
 
 async def load_access(
@@ -211,8 +248,9 @@ def token_covers(actor: Actor, channel: uuid.UUID) -> bool:
     return actor.channels is None or str(channel) in actor.channels
 
 
-def _owner_of_agent(event: Event) -> str | None:
-    """The owner named by a valid NIP-OA auth tag; invalid tags are rejected by the caller's parse."""
+def owner_of_agent(event: Event) -> str | None:
+    """The owner named by a valid NIP-OA auth tag (whose ban also bans the agent); invalid tags are rejected
+    by the caller's parse."""
     attestation = verify_owner_attestation(event)
     return attestation.owner if attestation is not None else None
 
@@ -280,7 +318,7 @@ async def check_post(
     if not has_scope(actor, SCOPE_WRITE):
         return uuid.UUID(int=0), Decision.deny(f"restricted: this token lacks the {SCOPE_WRITE} scope")
     channel = channel_of(event)
-    owner = _owner_of_agent(event)
+    owner = owner_of_agent(event)
     access = await load_access(actor, channel, owner=owner, conn=conn)
     return channel, decide_post(actor, channel, access)
 
@@ -293,7 +331,7 @@ async def check_manage(
     if not has_scope(actor, scope):
         return uuid.UUID(int=0), Decision.deny(f"restricted: this token lacks the {scope} scope")
     channel = channel_of(event)
-    access = await load_access(actor, channel, owner=_owner_of_agent(event), conn=conn)
+    access = await load_access(actor, channel, owner=owner_of_agent(event), conn=conn)
     return channel, decide_manage(actor, channel, access, scope=scope, creating=creating)
 
 

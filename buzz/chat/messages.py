@@ -1,8 +1,10 @@
 """Kind-9 chat messages: the service behind that kind.
 
-A kind-9 message is one policy read and one SQL statement (the stored event and
-its tag index from buzz.events.store, the channel counter, the thread counter, the
-author's read mark, mentions, the TTL deadline), then a live signal after commit.
+A kind-9 message is one SQL statement, one round trip (the policy's facts and its
+decision as a condition, buzz.access.policy; the stored event and its tag index from
+buzz.events.store, the channel counter, the thread counter, the author's read mark,
+mentions, the TTL deadline), then a live signal after commit. The answer's reason is
+decide_post's, on the facts the statement returns.
 
 A reply's NIP-10 root must be a conversation message: a stored event of a kind
 registered with a root refusal (NIP-AR revisions and move removals: "Replies belong
@@ -14,10 +16,21 @@ another channel counts nowhere and is answered like an unknown one.
 from __future__ import annotations
 
 import re
+import uuid
+from typing import Any
 
 from buzz.access.policy import (
-    NOT_A_MEMBER,
+    FACT_COLUMNS,
+    SCOPE_WRITE,
+    access_facts_sql,
+    access_from_row,
+    access_params,
+    channel_of,
     check_post,
+    decide_post,
+    has_scope,
+    owner_of_agent,
+    post_allowed_sql,
 )
 from buzz.events.ingest import WriteResult, register_kind, root_refusals
 from buzz.events.store import insert_ctes, insert_params
@@ -30,25 +43,37 @@ KIND_MESSAGE = 9
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
+# One statement decides and writes: the policy's facts for h (buzz.access.policy), its decision as a
+# condition, and everything else only when it holds. Every lookup is by an exact key, and the root's only
+# when there is one (a generic plan must not fall back to scanning the channel: tests/chat/test_hot_plans.py).
 _POST_SQL = f"""
-WITH bad_root AS (
-  SELECT r.kind FROM buzz_storedevent r
-  WHERE r.community_id = %(community)s AND r.id = %(root)s AND r.channel_id = %(channel)s
-    AND r.deleted_at IS NULL AND r.kind = ANY(%(unrooted)s::int[])
+WITH facts AS (
+{access_facts_sql()}
+), allowed AS (
+  SELECT f.channel_pk FROM facts f WHERE {post_allowed_sql("f")}
+), root AS (
+  -- The root in the reply's own channel, looked up only when the message names one, by its id: the
+  -- community and the channel are compared, not searched on, so only event_id_lookup serves it.
+  SELECT r.kind, r.deleted_at FROM buzz_storedevent r
+  WHERE %(root)s::varchar IS NOT NULL AND r.id = %(root)s
+    AND r.community_id IS NOT DISTINCT FROM %(community)s::bigint
+    AND r.channel_id IS NOT DISTINCT FROM %(channel)s::uuid
+), bad_root AS (
+  SELECT kind FROM root WHERE deleted_at IS NULL AND kind = ANY(%(unrooted)s::int[])
 ), root_ok AS (
-  SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM bad_root)
+  SELECT 1 FROM allowed WHERE NOT EXISTS (SELECT 1 FROM bad_root)
 ), {insert_ctes("ins", "ev", source="root_ok")}, stats AS (
   UPDATE buzz_channelstats SET message_count = message_count + 1, last_message_at = now()
-  WHERE channel_id = %(channel_pk)s AND EXISTS (SELECT 1 FROM ins) RETURNING message_count
+  WHERE channel_id = (SELECT channel_pk FROM allowed) AND EXISTS (SELECT 1 FROM ins) RETURNING message_count
 ), mark AS (
   -- Posting marks the channel read for the author.
   UPDATE buzz_membership SET read_mark = (SELECT message_count FROM stats)
-  WHERE channel_id = %(channel_pk)s AND pubkey = %(pubkey)s AND removed_at IS NULL AND EXISTS (SELECT 1 FROM stats)
+  WHERE channel_id = (SELECT channel_pk FROM allowed) AND pubkey = %(pubkey)s AND removed_at IS NULL
+    AND EXISTS (SELECT 1 FROM stats)
 ), thread AS (
   INSERT INTO buzz_threadstats (community_id, root_id, channel_id, reply_count, last_reply_at)
-  SELECT %(community)s, r.id, r.channel_id, 1, now() FROM ins
-  JOIN buzz_storedevent r ON r.id = %(root)s AND r.community_id = %(community)s AND r.channel_id = %(channel)s
-    AND r.kind <> ALL(%(unrooted)s::int[])
+  SELECT %(community)s, %(root)s, %(channel)s, 1, now() FROM ins
+  WHERE EXISTS (SELECT 1 FROM root WHERE kind <> ALL(%(unrooted)s::int[]))
   ON CONFLICT (community_id, root_id)
   DO UPDATE SET reply_count = buzz_threadstats.reply_count + 1, last_reply_at = now()
 ), mentions AS (
@@ -57,9 +82,9 @@ WITH bad_root AS (
   ON CONFLICT DO NOTHING
 ), ttl AS (
   UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE id = %(channel_pk)s AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM ins)
+  WHERE id = (SELECT channel_pk FROM allowed) AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM ins)
 )
-SELECT (SELECT count(*) FROM ins), (SELECT min(kind) FROM bad_root)
+SELECT f.*, (SELECT count(*) FROM ins), (SELECT min(kind) FROM bad_root) FROM facts f
 """  # noqa: S608 - composed from code, values are placeholders
 
 
@@ -85,30 +110,43 @@ def mentioned(event: Event, *, exclude: frozenset[str] | list[str] = frozenset()
     return [p for p in named_pubkeys(event) if p != event.pubkey and p not in exclude]
 
 
-async def post_message(actor: Actor, event: Event) -> WriteResult:
-    channel, decision = await check_post(actor, event)
-    if not decision.ok:
-        return WriteResult.rejected(decision.reason)
-    if decision.access is None or decision.access.channel_pk is None:
-        return WriteResult.rejected(NOT_A_MEMBER)
-    refusals = root_refusals()
-    params = {
+def post_params(actor: Actor, event: Event, channel: uuid.UUID) -> dict[str, Any]:
+    """The parameters of the kind-9 statement (tests/chat/test_hot_plans.py explains it with them)."""
+    return {
+        **access_params(actor, [channel], owner=owner_of_agent(event)),
         **insert_params("ev", community_id=actor.community.id, event=event, channel=channel),
         "community": actor.community.id,
         "pubkey": event.pubkey,
         "kind": event.kind,
         "channel": channel,
-        "channel_pk": decision.access.channel_pk,
         "root": thread_root(event),
         "mentions": mentioned(event),
-        "unrooted": sorted(refusals),
+        "unrooted": sorted(root_refusals()),
     }
+
+
+async def post_message(actor: Actor, event: Event) -> WriteResult:
+    if not has_scope(actor, SCOPE_WRITE):
+        # Answered before anything is read (and before the h tag).
+        _, refused = await check_post(actor, event)
+        return WriteResult.rejected(refused.reason)
+    channel = channel_of(event)
     pool = await runtime.pool()
     async with pool.connection() as conn:
-        row = await (await conn.execute(_POST_SQL, params)).fetchone()
-    if row is not None and row[1] is not None:
-        return WriteResult.rejected(refusals[row[1]])
-    if not row or row[0] == 0:
+        row = await (await conn.execute(_POST_SQL, post_params(actor, event, channel))).fetchone()
+    if row is None:
+        raise RuntimeError("the message statement returned no row")
+    _, access = access_from_row(row)
+    decision = decide_post(actor, channel, access)
+    stored, bad_root = row[FACT_COLUMNS], row[FACT_COLUMNS + 1]
+    if not decision.ok:
+        if stored:
+            # The statement's condition and decide_post disagree: a bug, never an answer.
+            raise RuntimeError("the policy's SQL condition allowed a message decide_post refuses")
+        return WriteResult.rejected(decision.reason)
+    if bad_root is not None:
+        return WriteResult.rejected(root_refusals()[bad_root])
+    if not stored:
         return WriteResult.accepted("duplicate: already have this event")
     await signals.publish_committed(actor.community.id, [(channel, signals.event_message(event))])
     return WriteResult.accepted()

@@ -1,4 +1,5 @@
-"""Serve the relay for development: `python -m buzz.dev.serve [--host H] [--port P]` (what `make run` runs).
+"""Serve the relay for development (what `make run` runs): `python -m buzz.dev.serve [--host H] [--port P]
+[--workers N]`.
 
 With DATABASE_URL / REDIS_URL unset it starts embedded PostgreSQL and Redis with their
 data under ./var/ (see buzz.dev.devservices); with them set it uses those. While it
@@ -6,6 +7,11 @@ serves, an embedded server that dies is restarted on the same port. It migrates,
 collects the static files, makes sure a community exists for localhost, then serves with
 uvicorn until Ctrl-C or
 SIGTERM, and stops what it started.
+
+`--workers N` (default: the number of cores) serves N uvicorn worker processes behind the one port
+(uvicorn's supervisor: the port is bound once and shared). Each worker has its own database pools and
+its own hub connection to Redis, like separate relay processes; the embedded servers are started
+once, by this parent process, and the workers inherit their URLs.
 """
 
 from __future__ import annotations
@@ -48,6 +54,14 @@ TRANSPORT_FRAME_FACTOR = 4
 def ws_max_size(max_message_length: int) -> int:
     """uvicorn's --ws-max-size for a relay whose message limit is `max_message_length`."""
     return TRANSPORT_FRAME_FACTOR * max_message_length
+
+
+def default_workers() -> int:
+    """One worker per core the process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _log_to_stderr(name: str) -> None:
@@ -107,7 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7777)
     parser.add_argument("--app", default=DEFAULT_APP, help=f"ASGI application to serve (default {DEFAULT_APP})")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="uvicorn worker processes behind the port (default: the number of cores; 0 means the same)",
+    )
     args = parser.parse_args(argv)
+    workers = args.workers or default_workers()
+    if workers < 1:
+        parser.error("--workers must be at least 1")
     # `make run | tee`, or a log file: each line as it happens, in order with the subprocesses' output.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)
@@ -151,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
         from django.conf import settings
 
-        print(f"Buzz relay: ws://localhost:{args.port}/  http://localhost:{args.port}/  (Ctrl-C stops it)")
+        shown = f"{workers} worker processes" if workers > 1 else "1 process"
+        print(f"Buzz relay: ws://localhost:{args.port}/  http://localhost:{args.port}/  ({shown}; Ctrl-C stops it)")
         uvicorn.run(
             args.app,
             host=args.host,
@@ -162,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             ws_per_message_deflate=False,
             access_log=False,
             log_level="info",
+            # More than one: uvicorn's supervisor starts them (each imports the app afresh), restarts one
+            # that dies, and stops them all on Ctrl-C or SIGTERM before this process stops the servers.
+            workers=workers if workers > 1 else None,
         )
     except KeyboardInterrupt:
         pass

@@ -54,7 +54,8 @@ DuplicateCheck = Callable[[Actor, Event], Awaitable[bool]]
 class KindService:
     accept: KindHandler
     # True when this exact event was accepted before: the resubmission succeeds without being applied
-    # again, and is answered before the time window and the quota, so a late retry never fails.
+    # again. Asked only when the time window or the quota refuses the event, so a late or throttled retry
+    # never fails; the service answers other resubmissions itself, from its own statements.
     already_accepted: DuplicateCheck | None = None
     # False: registered only so that its events get an explicit reason; every one is refused, and NIP-11
     # does not list the kind in accepted_kinds.
@@ -121,6 +122,19 @@ def check_window(event: Event, lim: Limits | None = None, now: int | None = None
         raise ProtocolError(f"invalid: created_at is more than {lim.created_at_upper_limit} seconds in the future")
 
 
+async def _unless_duplicate(service: KindService, actor: Actor, event: Event, refused: WriteResult) -> WriteResult:
+    """`refused`, unless this exact event was accepted before: then the resubmission succeeds."""
+    if service.already_accepted is None:
+        return refused
+    try:
+        seen = await service.already_accepted(actor, event)
+    except Exception as exc:
+        failures.failed(f"duplicate check for kind {event.kind}", exc)
+        return WriteResult.rejected("error: could not store the event, try again")
+    failures.succeeded(f"duplicate check for kind {event.kind}")
+    return WriteResult.accepted("duplicate: already accepted") if seen else refused
+
+
 async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
     """Validate and store one event. Returns (event id for OK, result)."""
     event_id = event_id_of(raw)
@@ -137,28 +151,27 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
     service = _services.get(event.kind)
     if service is None:
         return event.id, WriteResult.rejected(f"blocked: kind {event.kind} is not accepted by this relay")
+    # The duplicate check runs only on the failure paths (the window, the quota): a late or throttled retry
+    # of an accepted event is still answered "duplicate:", and an accepted write never pays for the look-up
+    # (the services answer resubmissions from their own statements).
     try:
-        if service.already_accepted is not None and await service.already_accepted(actor, event):
-            return event.id, WriteResult.accepted("duplicate: already accepted")
         check_window(event)
     except ProtocolError as err:
-        return event.id, WriteResult.rejected(err.reason)
-    except Exception as exc:
-        failures.failed(f"duplicate check for kind {event.kind}", exc)
-        return event.id, WriteResult.rejected("error: could not store the event, try again")
-    failures.succeeded(f"duplicate check for kind {event.kind}")
+        return event.id, await _unless_duplicate(service, actor, event, WriteResult.rejected(err.reason))
     try:
         # Before anything commits: a committed change's signal is never dropped (buzz.live.publisher).
         runtime.publisher().ensure_room()
     except PublisherFull as full:
         return event.id, WriteResult.rejected(full.reason)
     try:
-        if not await take_write_token(actor.community.id, actor.pubkey):
-            return event.id, WriteResult.rejected("rate-limited: slow down, too many writes from this pubkey")
+        allowed = await take_write_token(actor.community.id, actor.pubkey)
     except Exception as exc:
         failures.failed("write quota check", exc)
         return event.id, WriteResult.rejected("error: could not check the write quota, try again")
     failures.succeeded("write quota check")
+    if not allowed:
+        refused = WriteResult.rejected("rate-limited: slow down, too many writes from this pubkey")
+        return event.id, await _unless_duplicate(service, actor, event, refused)
     try:
         result = await service.accept(actor, event)
     except ProtocolError as err:

@@ -17,9 +17,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from buzz.identity.actor import Actor
-from buzz.identity.communities import CommunityInfo, admitted, check_pubkey
+from buzz.identity.communities import CommunityInfo, check_pubkey
 from buzz.live import signals
-from buzz.models import ApiToken, Community
+from buzz.models import AdmissionMode, ApiToken, Community
 from buzz.runtime import runtime
 
 TOKEN_PREFIX = "buzz_"  # noqa: S105 - a prefix, not a secret
@@ -85,9 +85,14 @@ def token_revoke(*, token_id: int) -> ApiToken:
     return row
 
 
+# The token and its holder's admission in one round trip: a members-only community admits relay members only.
 _LOOKUP = """
-SELECT id, pubkey, scopes, channels, expires_at FROM buzz_apitoken
-WHERE token_hash = %s AND community_id = %s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+SELECT k.id, k.pubkey, k.scopes, k.channels, k.expires_at,
+       NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = k.community_id
+                                       AND r.pubkey = k.pubkey)
+FROM buzz_apitoken k
+WHERE k.token_hash = %(hash)s AND k.community_id = %(community)s AND k.revoked_at IS NULL
+  AND (k.expires_at IS NULL OR k.expires_at > now())
 """
 
 
@@ -100,12 +105,17 @@ async def authenticate_bearer(community: CommunityInfo, header: str | None) -> A
         return None
     pool = await runtime.pool()
     async with pool.connection() as conn:
-        row = await (await conn.execute(_LOOKUP, (hash_token(token), community.id))).fetchone()
+        params = {
+            "hash": hash_token(token),
+            "community": community.id,
+            "members_only": community.admission != AdmissionMode.OPEN,
+        }
+        row = await (await conn.execute(_LOOKUP, params)).fetchone()
     if row is None:
         return None
-    token_id, pubkey, scopes, channels, expires_at = row
+    token_id, pubkey, scopes, channels, expires_at, admitted_now = row
     # A token never admits more than NIP-42 would: members-only communities need a relay member.
-    if not await admitted(community, pubkey):
+    if not admitted_now:
         return None
     return Actor(
         community=community,

@@ -1,7 +1,7 @@
 """Pinned: the database round trips and PUBLISHes of each NIP-AR revision, so a regression shows.
 
-Method: buzz.events.ingest.ingest (the whole write path of a WebSocket EVENT: the duplicate check,
-the checks, the quota, artifacts.services.accept_revision) runs in-process on buzz.runtime's pool
+Method: buzz.events.ingest.ingest (the whole write path of a WebSocket EVENT: the checks, the quota,
+artifacts.services.accept_revision) runs in-process on buzz.runtime's pool
 against the test database. Each connection the pool hands out is traced by libpq (psycopg's
 `pgconn.trace`), and the round trips are the frontend Sync and Query messages in the trace
 (tests/support/pgtrace.py): each is one wait for the server, BEGIN and COMMIT included. The
@@ -35,18 +35,15 @@ from tests.support.pgtrace import Trips
 HOST = "revision-trips.test"
 WARMUP = 6
 
-# op -> (database round trips, PUBLISHes). The duplicate check (one statement on its own connection)
-# comes first for every revision; then one transaction, BEGIN to COMMIT.
+# op -> (database round trips, PUBLISHes). No transaction and no duplicate check up front (it runs only on
+# the failure paths, buzz.events.ingest; the statements below answer a resubmission themselves).
 PINNED = {
-    "create": (5, 1),  # duplicate check; BEGIN, policy read, the create statement (root anchor in it), COMMIT
-    "update": (
-        6,
-        1,
-    ),  # duplicate check; BEGIN, the artifact (no lock), policy read, the compare-and-set advance, COMMIT
-    "move": (6, 2),  # as an update: one policy read covers the home and the destination; the arrival and the removal
-    "delete": (6, 1),
-    "restore": (6, 1),
-    "create resubmitted": (1, 0),  # the duplicate check answers
+    "create": (1, 1),  # ONE statement: the policy's facts and decision, the root anchor, the identity and the rest
+    "update": (2, 1),  # the artifact with the policy's facts (no lock), then the compare-and-set advance
+    "move": (2, 2),  # as an update (the read's facts cover the home and the destination); the arrival and the removal
+    "delete": (2, 1),
+    "restore": (2, 1),
+    "create resubmitted": (1, 0),  # the create statement finds the revision and answers "duplicate:"
 }
 
 
