@@ -74,6 +74,12 @@ class Revision(models.Model):
         indexes = [
             models.Index(fields=["artifact", "seq"], name="revision_history"),
             models.Index(fields=["community", "channel", "seq"], name="revision_channel"),
+            # Retention finds the revisions it may still expire, oldest first.
+            models.Index(
+                fields=["community", "accepted_at"],
+                name="revision_expiry",
+                condition=models.Q(expired_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
