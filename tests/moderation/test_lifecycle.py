@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -42,6 +43,10 @@ async def _call(fn: Any, world: World, **kwargs: Any) -> Any:
     return await sync_to_async(run, thread_sensitive=False)()
 
 
+def _for(sub: str) -> Callable[[list[Any]], bool]:
+    return lambda m: bool(m[1] == sub)
+
+
 async def _live_event(client: Any, sub: str, event_id: str) -> None:
     await client.expect("EVENT", 15.0, where=lambda m: m[1] == sub and m[2]["id"] == event_id)
 
@@ -63,7 +68,7 @@ async def test_archive_unarchive_delete_with_open_syncs_and_reqs_on_two_nodes(wo
             syncs[sub] = await open_sync(client, sub, flt)
             assert syncs[sub].eose and d in syncs[sub].heads
             await client.send_json(["REQ", "r" + sub, {"#h": [ch], "kinds": [9, 45010]}])
-            await client.expect("EOSE", 15.0, where=lambda m, s=sub: m[1] == "r" + s)
+            await client.expect("EOSE", 15.0, where=_for("r" + sub))
 
         # Archive: writes refused with the kind-9 reason; reads unchanged.
         await _call(services.archive_channel, world)

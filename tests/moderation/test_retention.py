@@ -88,7 +88,7 @@ async def test_expiry_racing_live_writes_keeps_heads_prev_and_duplicates(world: 
         heads = sorted(chain[-1]["id"] for chain in chains.values())
         assert sorted(await view(relay, world, world.author, {"artifact": "current", "#h": [ch, dest]})) == heads
         stored_heads = await sync_to_async(
-            lambda: sorted(Artifact.objects.values_list("head_id", flat=True)), thread_sensitive=False
+            lambda: sorted(str(h) for h in Artifact.objects.values_list("head_id", flat=True)), thread_sensitive=False
         )()
         assert stored_heads == heads
         # A second run expires what the racing writes made old, then a third changes nothing.
