@@ -165,8 +165,9 @@ class MoveRemoval(models.Model):
 class PolicyStamp(models.Model):
     """One per community: the access-policy stamp that incremental-read tokens bind.
 
-    Nothing writes it yet. Incremental reads will have every relevant channel-access change advance it in
-    the same transaction, so a token minted before the change is refused afterwards.
+    moderation.services.reset_policy advances it (an operator's access-policy reset). Incremental reads will
+    have every relevant channel-access change advance it in the same transaction, so a token minted before
+    the change is refused afterwards.
     """
 
     community = models.OneToOneField(Community, on_delete=models.CASCADE, primary_key=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from buzz.models import Community
+from buzz.models import Community, GuardedQuerySet
 
 
 class RetentionPolicy(models.Model):
@@ -42,6 +42,11 @@ class AuditAction(models.TextChoices):
     REAP_TTL = "reap_ttl", "reap TTL channels"
 
 
+class AuditRecordQuerySet(GuardedQuerySet["AuditRecord"]):
+    guarded = frozenset({"community", "who", "action", "target", "reason", "detail", "created_at"})
+    why = "the audit log is append-only"
+
+
 class AuditRecord(models.Model):
     """One moderation action. Append-only: nothing updates or deletes these rows."""
 
@@ -56,6 +61,8 @@ class AuditRecord(models.Model):
     # What happened: revision ids withheld, the d's retired, channels affected, syncs resynced.
     detail = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = AuditRecordQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -473,7 +473,7 @@ def reset_policy(community: Community, *, actor: str, reason: str) -> LifecycleP
 
 def reap_ttl(*, now: dt.datetime | None = None, actor: str, reason: str) -> LifecyclePlan:
     """TTL channels past their deadline: archived; one that was archived and is a further ttl_seconds past its
-    deadline is deleted (as `delete_channel`, with the resync of its syncs). DMs are never reaped."""
+    deadline is deleted (as `delete_channel`, with the resync of its syncs)."""
     now = now or timezone.now()
     due = Channel.objects.filter(
         deleted_at__isnull=True, ttl_seconds__isnull=False, deadline__isnull=False, deadline__lt=now
@@ -482,7 +482,7 @@ def reap_ttl(*, now: dt.datetime | None = None, actor: str, reason: str) -> Life
     deleted: list[str] = []
     resyncs = 0
     for channel in due.order_by("deadline", "pk"):
-        if channel.type == "dm" or channel.ttl_seconds is None or channel.deadline is None:
+        if channel.ttl_seconds is None or channel.deadline is None:
             continue
         if channel.archived_at is None:
             archive_channel(channel, actor=actor, reason=reason or "TTL passed")
