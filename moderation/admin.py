@@ -12,6 +12,7 @@ change what readers see without the resync the spec requires.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -49,6 +50,15 @@ def actor_of(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
 
+def duration_text(value: dt.timedelta) -> str:
+    """A retention duration the way `manage.py retention set --keep` spells it: 90d, 12h, 30m, 0s."""
+    seconds = int(value.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def short(value: str | None, n: int = 12) -> str:
     return "" if not value else (value if len(value) <= n else f"{value[:n]}…")
 
@@ -64,6 +74,8 @@ class Preview:
     targets: Sequence[str]
     withheld: Sequence[str] = ()
     withheld_label: str = "Revisions withheld"
+    # How many in all, when `withheld` lists only the first few (expiry); else len(withheld).
+    withheld_total: int | None = None
     retiring: Sequence[str] = ()
     open_syncs: int = 0
     notes: Sequence[str] = ()
@@ -167,6 +179,8 @@ class ConfirmedActions(Generic[M]):
                     log.exception("admin action %s failed", step)
                     self.admin.message_user(request, f"{chosen.title} failed: {err}", messages.ERROR)
                     return HttpResponseRedirect(changelist)
+                for obj in objects:
+                    self.admin.log_change(request, obj, f"{chosen.title}: {reason}")
                 self.admin.message_user(request, done, messages.SUCCESS)
                 return HttpResponseRedirect(changelist)
         preview = chosen.preview(objects)
@@ -182,6 +196,8 @@ class ConfirmedActions(Generic[M]):
             "preview": preview,
             "form": form,
             "dry_run_result": result,
+            "has_dry_run": chosen.dry_run is not None,
+            "withheld_total": len(preview.withheld) if preview.withheld_total is None else preview.withheld_total,
             "media": self.admin.media,
         }
         request.current_app = self.admin.admin_site.name
@@ -240,9 +256,14 @@ class RevisionInline(ReadOnly, admin.TabularInline[Revision, Artifact]):
     extra = 0
     can_delete = False
     ordering = ("-seq",)
-    fields = ("revision_link", "op", "channel", "author", "accepted_at", "state")
+    fields = ("revision_link", "op", "channel_name", "author", "accepted_at", "state")
     readonly_fields = fields
     verbose_name_plural = "revisions (newest first)"
+
+    @admin.display(description="channel")
+    def channel_name(self, rev: Revision) -> SafeString:
+        name = _channel_names([rev.channel]).get(str(rev.channel))
+        return format_html('<span title="{}">{}</span>', rev.channel, name or rev.channel)
 
     @admin.display(description="revision")
     def revision_link(self, rev: Revision) -> SafeString:
@@ -286,6 +307,10 @@ class ArtifactAdmin(ReadOnly, admin.ModelAdmin[Artifact]):
     fields = ("community", "d", "type", "home_channel", "state", "head_revision", "root", "created_at", "changed_at")
     readonly_fields = fields
     inlines = [RevisionInline]
+
+    class Media:
+        css = {"all": ("moderation/admin.css",)}
+
     # Only the head's revision row is looked up per page row: a changelist of 100 costs 100 small queries
     # at most, never a scan of revisions.
     list_per_page = 50
@@ -404,6 +429,7 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
         "artifact_link",
         "op",
         "channel_name",
+        "channel",
         "prev",
         "root",
         "pubkey",
@@ -504,13 +530,14 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
         return format_html('<code title="{}">{}</code>', rev.id, short(rev.id, 16))
 
     @admin.display(description="d", ordering="artifact__d")
-    def d(self, rev: Revision) -> str:
-        return str(rev.artifact.d)
+    def d(self, rev: Revision) -> SafeString:
+        d = str(rev.artifact.d)
+        return format_html('<code title="{}">{}</code>', d, short(d, 8))
 
     @admin.display(description="channel")
-    def channel_name(self, rev: Revision) -> str:
+    def channel_name(self, rev: Revision) -> SafeString:
         name = _channel_names([rev.channel]).get(str(rev.channel))
-        return f"{name} ({rev.channel})" if name else str(rev.channel)
+        return format_html('<span title="{}">{}</span>', rev.channel, name or rev.channel)
 
     @admin.display(description="author")
     def author(self, rev: Revision) -> SafeString:
@@ -540,6 +567,24 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
 
 # --- channels: archive, unarchive, delete ---------------------------------------------------------------
 
+
+class LifecycleFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("open", "open for writes"), ("archived", "archived"), ("deleted", "deleted")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "open":
+            return queryset.filter(archived_at__isnull=True, deleted_at__isnull=True)
+        if self.value() == "archived":
+            return queryset.filter(archived_at__isnull=False, deleted_at__isnull=True)
+        if self.value() == "deleted":
+            return queryset.filter(deleted_at__isnull=False)
+        return queryset
+
+
 admin.site.unregister(Channel)
 
 
@@ -548,6 +593,25 @@ class ModeratedChannelAdmin(ChannelAdmin):
     """buzz's channel pages, with the lifecycle actions of moderation.services behind confirmation pages."""
 
     actions = ["archive_channels", "unarchive_channels", "delete_channels"]
+
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
+        # One screen wide: a short id, and the lifecycle in one column.
+        return ("name", "uuid_short", "community", "type", "visibility", "listed", "lifecycle")
+
+    def get_list_filter(self, request: HttpRequest) -> tuple[Any, ...]:
+        return ("type", "visibility", LifecycleFilter, "community")
+
+    @admin.display(description="id", ordering="uuid")
+    def uuid_short(self, channel: Channel) -> SafeString:
+        return format_html('<code title="{}">{}</code>', channel.uuid, short(str(channel.uuid), 8))
+
+    @admin.display(description="state")
+    def lifecycle(self, channel: Channel) -> str:
+        if channel.deleted_at is not None:
+            return f"deleted {channel.deleted_at:%Y-%m-%d %H:%M}"
+        if channel.archived_at is not None:
+            return f"archived {channel.archived_at:%Y-%m-%d %H:%M}"
+        return "open for writes"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -727,20 +791,26 @@ class ModeratedCommunityAdmin(CommunityAdmin):
         return self.confirm.redirect(request, "reset_policy", queryset)
 
     def _preview_reset(self, communities: list[Community]) -> Preview:
+        # moderation.services has no preview_reset_policy: the estimate is the one reset_policy records.
+        syncs = 0
+        for c in communities:
+            live = Channel.objects.filter(community=c, deleted_at__isnull=True).values_list("uuid", flat=True)
+            syncs += services.estimate_open_syncs(c.pk, list(live))
         return Preview(
             summary="Advance each community's access-policy stamp: every incremental-read checkpoint its "
-            "clients hold is refused (409 incremental_reset, policy_changed) and they read their set again.",
+            "clients hold is refused (409 incremental_reset, policy_changed), and every open sync in the "
+            "community ends with resync, so clients read their sets again.",
             targets=[c.host for c in communities],
+            open_syncs=syncs,
             notes=[
                 "Recovery history (membership-removal rows, move-source records) may be removed only after this.",
-                "No revision is withheld and no artifact retires; no open sync gets a resync.",
+                "No revision is withheld and no artifact retires.",
             ],
         )
 
     def _perform_reset(self, communities: list[Community], actor: str, reason: str) -> str:
-        for c in communities:
-            services.reset_policy(c, actor=actor, reason=reason)
-        return f"Reset the access policy of {len(communities)} community(ies)."
+        syncs = sum(services.reset_policy(c, actor=actor, reason=reason).open_syncs for c in communities)
+        return f"Reset the access policy of {len(communities)} community(ies); {syncs} open sync(s) resynced."
 
 
 # --- retention -------------------------------------------------------------------------------------------
@@ -759,7 +829,7 @@ class RetentionPolicyForm(forms.ModelForm[RetentionPolicy]):
 @admin.register(RetentionPolicy)
 class RetentionPolicyAdmin(admin.ModelAdmin[RetentionPolicy]):
     form = RetentionPolicyForm
-    list_display = ("community", "keep", "updated_at")
+    list_display = ("community", "keep_text", "updated_at")
     list_select_related = ("community",)
     actions = ["expire_now"]
 
@@ -795,6 +865,10 @@ class RetentionPolicyAdmin(admin.ModelAdmin[RetentionPolicy]):
         if saved is not None:
             obj.pk = saved.pk
 
+    @admin.display(description="keep", ordering="keep")
+    def keep_text(self, policy: RetentionPolicy) -> str:
+        return duration_text(policy.keep)
+
     def has_expire_permission(self, request: HttpRequest) -> bool:
         return perm("moderation.expire_revisions")(request)
 
@@ -813,9 +887,10 @@ class RetentionPolicyAdmin(admin.ModelAdmin[RetentionPolicy]):
         return Preview(
             summary=f"Expire {count} non-current revision(s) older than each community's policy: their content "
             "is tombstoned, the rows stay.",
-            targets=[f"{p.community.host}: keep {p.keep}" for p in policies],
+            targets=[f"{p.community.host}: keep {duration_text(p.keep)}" for p in policies],
             withheld=sample,
-            withheld_label=f"Revisions that expire ({count}; the first are listed)",
+            withheld_label="Revisions that expire",
+            withheld_total=count,
             notes=[
                 f"{kept} old revision(s) are kept: current heads and what prev checks and incremental reads need.",
                 "An expired id named as prev is an ordinary conflict; resubmitting it is still a duplicate.",
@@ -846,7 +921,7 @@ class RetentionPolicyAdmin(admin.ModelAdmin[RetentionPolicy]):
 
 @admin.register(AuditRecord)
 class AuditRecordAdmin(ReadOnly, admin.ModelAdmin[AuditRecord]):
-    list_display = ("created_at", "who", "action", "target_short", "reason", "community")
+    list_display = ("created_at", "who", "action", "target_short", "reason_short", "community_host")
     list_filter = ("action", "community")
     search_fields = ("who", "target", "reason")
     date_hierarchy = "created_at"
@@ -859,8 +934,16 @@ class AuditRecordAdmin(ReadOnly, admin.ModelAdmin[AuditRecord]):
         return super().changelist_view(request, {**(extra_context or {}), "title": "Audit log"})
 
     @admin.display(description="target")
-    def target_short(self, record: AuditRecord) -> str:
-        return record.target if len(record.target) <= 80 else f"{record.target[:80]}…"
+    def target_short(self, record: AuditRecord) -> SafeString:
+        return format_html('<span title="{}">{}</span>', record.target, short(record.target, 24))
+
+    @admin.display(description="reason")
+    def reason_short(self, record: AuditRecord) -> SafeString:
+        return format_html('<span title="{}">{}</span>', record.reason, short(record.reason, 60))
+
+    @admin.display(description="community", ordering="community__host")
+    def community_host(self, record: AuditRecord) -> str:
+        return record.community.host if record.community is not None else "—"
 
     @admin.display(description="detail")
     def details(self, record: AuditRecord) -> SafeString:

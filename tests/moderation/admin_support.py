@@ -77,7 +77,7 @@ def signed_post(relay: RelayProcess, host: str, signer: Signer, path: str, paylo
 def write(relay: RelayProcess, host: str, signer: Signer, event: dict[str, Any]) -> str:
     """POST /events: an event that must be accepted; its id."""
     status, reply = signed_post(relay, host, signer, "/events", event)
-    assert status == 200 and reply.get("ok") is True, (status, reply)
+    assert status == 200 and reply.get("accepted") is True, (status, reply)
     return str(event["id"])
 
 
@@ -95,6 +95,7 @@ class Confirmed:
     url: str
     page: str  # the confirmation page's HTML
     done_status: int
+    done: str  # the HTML after confirming (the changelist, or the page again after a dry run)
     messages: list[str]
 
 
@@ -120,4 +121,4 @@ def run_action(
     assert page.status_code == 200, page.status_code
     done = client.post(url, {"reason": reason, button: "1"}, follow=True)
     html = done.content.decode()
-    return Confirmed(url, page.content.decode(), done.status_code, [m.strip() for m in _MESSAGE.findall(html)])
+    return Confirmed(url, page.content.decode(), done.status_code, html, [m.strip() for m in _MESSAGE.findall(html)])
