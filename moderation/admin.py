@@ -415,7 +415,7 @@ class OpFilter(admin.SimpleListFilter):
 
 @admin.register(Revision)
 class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
-    list_display = ("short_id", "d", "op", "channel_name", "author", "title", "accepted_at", "state")
+    list_display = ("short_id", "d", "op", "channel_name", "author", "title", "accepted", "state")
     list_filter = (ChannelFilter, OpFilter, RedactedFilter, ExpiredFilter, "community")
     # id, d, channel (uuid, or its name: get_search_results) and author.
     search_fields = ("id", "artifact__d", "channel", "pubkey")
@@ -544,8 +544,13 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
         return format_html('<code title="{}">{}</code>', rev.pubkey, short(rev.pubkey))
 
     @admin.display(description="title")
-    def title(self, rev: Revision) -> str:
-        return "" if rev.expired_at is not None else _title_of(rev.raw)
+    def title(self, rev: Revision) -> SafeString:
+        text = "" if rev.expired_at is not None else _title_of(rev.raw)
+        return format_html('<span title="{}">{}</span>', text, short(text, 32))
+
+    @admin.display(description="accepted", ordering="seq")
+    def accepted(self, rev: Revision) -> str:
+        return f"{rev.accepted_at:%Y-%m-%d %H:%M:%S}"
 
     @admin.display(description="state")
     def state(self, rev: Revision) -> str:

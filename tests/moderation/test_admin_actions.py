@@ -18,6 +18,7 @@ from django.test import Client
 
 from artifacts.models import Artifact, PolicyStamp, Revision
 from buzz.models import ApiToken, Ban, Channel, Community, Membership, RelayMember, StoredEvent, Timeout
+from moderation import services
 from moderation.models import AuditRecord, RetentionPolicy
 from tests.moderation.admin_support import (
     client_for,
@@ -26,6 +27,7 @@ from tests.moderation.admin_support import (
     moderators_group,
     run_action,
 )
+from tests.moderation.admin_support import write as write_http
 from tests.support.factories import make_token
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, SyncState, World, follow, make_world, open_sync, revision, write
@@ -191,18 +193,24 @@ async def _marker_arrives(
     assert state.closed is None, state.closed
 
 
-async def test_redacting_the_current_revision_in_the_admin_retires_it_and_resyncs_the_sync(
+async def test_redacting_the_current_revision_in_the_admin_retires_it_and_resyncs_the_sync_on_both_nodes(
     world: World, relay_factory: Any
 ) -> None:
-    relay = relay_factory(**RELAY_ENV)
+    node1, node2 = relay_factory(**RELAY_ENV), relay_factory(**RELAY_ENV)
     client = await sync_to_async(client_for)(await sync_to_async(make_moderator)(), HOST)
-    async with RelayClient.connect(relay.ws_url, host=HOST) as w, RelayClient.connect(relay.ws_url, host=HOST) as r:
+    async with (
+        RelayClient.connect(node1.ws_url, host=HOST) as w,
+        RelayClient.connect(node1.ws_url, host=HOST) as r1,
+        RelayClient.connect(node2.ws_url, host=HOST) as r2,
+    ):
         assert (await w.auth(world.owner))[2] is True
-        assert (await r.auth(world.reader))[2] is True
+        assert (await r1.auth(world.reader))[2] is True
+        assert (await r2.auth(world.reader))[2] is True
         d, created, updated = await _two_revisions(w, world, world.a)
-        holds = await open_sync(r, "holds", {"artifact": "current", "#h": [str(world.a)]})
-        other = await open_sync(r, "other", {"artifact": "current", "#h": [str(world.b)]})
-        assert holds.heads[str(d)]["id"] == updated["id"]
+        holds1 = await open_sync(r1, "holds", {"artifact": "current", "#h": [str(world.a)]})
+        holds2 = await open_sync(r2, "holds", {"artifact": "current", "#h": [str(world.a)]})
+        other = await open_sync(r2, "other", {"artifact": "current", "#h": [str(world.b)]})
+        assert holds1.heads[str(d)]["id"] == updated["id"] == holds2.heads[str(d)]["id"]
         head = await Revision.objects.aget(id=updated["id"])
         done = await sync_to_async(run_action)(
             client, "/admin/artifacts/revision/", "redact", [head.seq], "spam in the title"
@@ -210,15 +218,51 @@ async def test_redacting_the_current_revision_in_the_admin_retires_it_and_resync
         # The page said what would happen: this id withheld, this artifact retiring.
         assert updated["id"] in done.page and str(d) in done.page and "Artifacts that retire" in done.page
         assert any("Redacted 1 revision" in m for m in done.messages), done.messages
-        await follow(r, "holds", holds, lambda s: False)
-        assert _resynced(holds), holds.closed
-        await _marker_arrives(w, r, "other", other, world, world.b)
+        for r, held in ((r1, holds1), (r2, holds2)):
+            await follow(r, "holds", held, lambda s: False)
+            assert _resynced(held), held.closed
+        await _marker_arrives(w, r2, "other", other, world, world.b)
     head = await Revision.objects.aget(id=updated["id"])
     assert head.redacted_at is not None
     assert (await Revision.objects.aget(id=created["id"])).redacted_at is None
     assert (await Artifact.objects.aget(community=world.community, d=d)).retired
     records = await sync_to_async(audit)("redact")
-    assert len(records) == 1 and "mod" in records[0].who and records[0].reason == "spam in the title"
+    assert len(records) == 1 and records[0].who == "admin:mod" and records[0].reason == "spam in the title"
+
+
+def test_revisions_are_searchable_by_id_d_channel_and_author_and_filterable(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    d1 = uuid.uuid4()
+    c1 = revision(world.owner, d1, world.a, "create")
+    u1 = revision(world.owner, d1, world.a, "update", prev=c1["id"])
+    c2 = revision(world.reader, uuid.uuid4(), world.b, "create")
+    for signer, event in ((world.owner, c1), (world.owner, u1), (world.reader, c2)):
+        write_http(relay, HOST, signer, event)
+    services.redact(world.community, [c1["id"]], actor="test", reason="filter check")
+    client = client_for(make_superuser(), HOST)
+
+    def listed(query: str) -> set[str]:
+        page = client.get(f"/admin/artifacts/revision/?{query}")
+        assert page.status_code == 200, (query, page.status_code)
+        html = page.content.decode()
+        return {e["id"] for e in (c1, u1, c2) if e["id"] in html}
+
+    everything = {c1["id"], u1["id"], c2["id"]}
+    assert listed("") == everything
+    assert listed(f"q={u1['id']}") == {u1["id"]}
+    assert listed(f"q={u1['id'][:20]}") == {u1["id"]}
+    assert listed(f"q={d1}") == {c1["id"], u1["id"]}
+    assert listed(f"q={world.b}") == {c2["id"]}
+    name_b = Channel.objects.get(uuid=world.b).name
+    assert listed(f"q={name_b}") == {c2["id"]}
+    assert listed(f"q={world.reader.pubkey}") == {c2["id"]}
+    assert listed(f"channel={world.a}") == {c1["id"], u1["id"]}
+    assert listed("op=update") == {u1["id"]}
+    assert listed("op=create") == {c1["id"], c2["id"]}
+    assert listed("redacted=yes") == {c1["id"]}
+    assert listed("redacted=no") == {u1["id"], c2["id"]}
+    assert listed("expired=yes") == set()
+    assert listed("expired=no") == everything
 
 
 async def test_redacting_an_old_revision_keeps_the_head_and_the_sync(world: World, relay_factory: Any) -> None:
