@@ -140,9 +140,10 @@ class _Target:
 def _targets(community: Community, revision_ids: Sequence[str]) -> tuple[list[_Target], list[str]]:
     ids = list(dict.fromkeys(revision_ids))
     found: dict[str, _Target] = {}
-    revisions = Revision.objects.filter(community=community, id__in=ids, redacted_at__isnull=True).values_list(
-        "id", "channel", "artifact__head_id", "artifact__d", "artifact__retired"
-    )
+    # An expired revision is withheld everywhere already (its stored copy too): nothing is left to redact.
+    revisions = Revision.objects.filter(
+        community=community, id__in=ids, redacted_at__isnull=True, expired_at__isnull=True
+    ).values_list("id", "channel", "artifact__head_id", "artifact__d", "artifact__retired")
     for rid, channel, head_id, d, retired in revisions:
         found[rid] = _Target(rid, channel, str(d) if head_id == rid and not retired else None)
     removals = MoveRemoval.objects.filter(community=community, id__in=ids, redacted_at__isnull=True).values_list(

@@ -98,3 +98,11 @@ async def closed(client: RelayClient, sub: str, timeout: float = 15.0) -> str:
     """Read until the CLOSED of `sub`: its reason (EVENTs of other subscriptions are skipped)."""
     m = await client.expect("CLOSED", timeout, where=lambda m: len(m) > 1 and m[1] == sub)
     return str(m[2])
+
+
+async def ws_count(client: RelayClient, flt: dict[str, Any]) -> int:
+    """NIP-45 COUNT over the WebSocket."""
+    sub = "count-" + uuid.uuid4().hex[:8]
+    await client.send_json(["COUNT", sub, flt])
+    m = await client.expect("COUNT", 15.0, where=lambda m: len(m) > 2 and m[1] == sub)
+    return int(m[2]["count"])

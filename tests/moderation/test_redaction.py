@@ -22,6 +22,7 @@ from tests.moderation.moderation_support import (
     removal,
     replay,
     view,
+    ws_count,
 )
 from tests.support.factories import revision, signed
 from tests.support.relay import start_relays
@@ -71,6 +72,7 @@ async def test_redacting_old_then_current_revision_on_every_surface_and_two_node
         for client in (m1, m2):
             assert await replay(client, "rp", {"#h": [ch], "kinds": [45010]}) == [r2["id"]]
             assert await replay(client, "ids", {"ids": [r1["id"]]}) == []
+            assert await ws_count(client, {"#h": [ch], "kinds": [45010]}) == 1
         # Still accepted: a resubmission is a duplicate, and nothing is reapplied.
         again = await publish(a, r1)
         assert again[2] is True and again[3].startswith("duplicate:"), again
