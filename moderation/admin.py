@@ -21,7 +21,8 @@ from typing import Any, Generic, TypeVar
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.management.base import CommandError
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -31,6 +32,7 @@ from django.utils.safestring import SafeString
 
 from artifacts.models import Artifact, Revision
 from buzz.admin import ChannelAdmin, CommunityAdmin
+from buzz.management.commands._common import duration_arg
 from buzz.models import Channel, Community
 from moderation import services
 from moderation.models import AuditRecord, RetentionPolicy
@@ -821,14 +823,32 @@ class ModeratedCommunityAdmin(CommunityAdmin):
 # --- retention -------------------------------------------------------------------------------------------
 
 
+class KeepField(forms.Field):
+    """A retention duration written as `manage.py retention set --keep` takes it: 90d, 12h, 30m, 0s."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return duration_text(value) if isinstance(value, dt.timedelta) else value
+
+    def to_python(self, value: Any) -> Any:
+        text = "" if value is None else str(value).strip()
+        if not text:
+            return None
+        try:
+            return duration_arg(text)
+        except CommandError as err:
+            raise ValidationError(str(err)) from None
+
+
 class RetentionPolicyForm(forms.ModelForm[RetentionPolicy]):
+    keep = KeepField(
+        widget=forms.TextInput(attrs={"size": 10, "placeholder": "90d"}),
+        help_text="How long non-current revisions are kept: a number and s, m, h or d (90d, 12h); 0s keeps "
+        "only what must stay. Applied by `manage.py retention run` or the “Expire now” action.",
+    )
+
     class Meta:
         model = RetentionPolicy
         fields = ("community", "keep")
-        help_texts = {
-            "keep": "Non-current revisions older than this expire, e.g. 90 00:00:00 for 90 days; 0 keeps only "
-            "what must stay. Applied by `manage.py retention run` or the “Expire now” action."
-        }
 
 
 @admin.register(RetentionPolicy)

@@ -336,7 +336,7 @@ async def test_expire_now_previews_dry_runs_and_expires_without_touching_heads_o
     client = await sync_to_async(client_for)(await sync_to_async(make_superuser)(), HOST)
     # The policy is set through the admin's form, which calls set_retention.
     added = await sync_to_async(client.post)(
-        "/admin/moderation/retentionpolicy/add/", {"community": world.community.pk, "keep": "0"}
+        "/admin/moderation/retentionpolicy/add/", {"community": world.community.pk, "keep": "0s"}
     )
     assert added.status_code == 302, added.content[:500]
     policy = await RetentionPolicy.objects.aget(community=world.community)
@@ -370,17 +370,18 @@ async def test_policy_reset_in_the_admin_advances_the_stamp_and_resyncs_every_sy
     relay = relay_factory(**RELAY_ENV)
     client = await sync_to_async(client_for)(await sync_to_async(make_superuser)(), HOST)
     before = await PolicyStamp.objects.filter(community=world.community).values_list("stamp", flat=True).afirst() or 0
-    async with RelayClient.connect(relay.ws_url, host=HOST) as w, RelayClient.connect(relay.ws_url, host=HOST) as r:
-        assert (await w.auth(world.owner))[2] is True
+    # One connection per sync: following one sync skips the other's messages on a shared connection.
+    async with RelayClient.connect(relay.ws_url, host=HOST) as r, RelayClient.connect(relay.ws_url, host=HOST) as r2:
         assert (await r.auth(world.reader))[2] is True
+        assert (await r2.auth(world.owner))[2] is True
         state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
-        other = await open_sync(r, "other", {"artifact": "current", "#h": [str(world.b)]})
+        other = await open_sync(r2, "other", {"artifact": "current", "#h": [str(world.private)]})
         done = await sync_to_async(run_action)(
             client, "/admin/buzz/community/", "reset_policies", [world.community.pk], "purge recovery rows"
         )
         assert HOST in done.page and any("Reset the access policy" in m for m in done.messages), done.messages
-        for sub, held in (("s", state), ("other", other)):
-            await follow(r, sub, held, lambda s: False)
+        for conn, sub, held in ((r, "s", state), (r2, "other", other)):
+            await follow(conn, sub, held, lambda s: False)
             assert _resynced(held), held.closed
     after = await PolicyStamp.objects.filter(community=world.community).values_list("stamp", flat=True).afirst()
     assert after is not None and after > before
@@ -395,3 +396,22 @@ def test_a_confirmation_without_a_reason_does_nothing(world: World) -> None:
     assert page.status_code == 200 and "This field is required" in page.content.decode()
     channel.refresh_from_db()
     assert channel.archived_at is None and not AuditRecord.objects.exists()
+
+
+def test_the_retention_form_takes_the_commands_durations_and_saves_through_set_retention(world: World) -> None:
+    client = client_for(make_superuser(), HOST)
+    bad = client.post("/admin/moderation/retentionpolicy/add/", {"community": world.community.pk, "keep": "90 days"})
+    assert bad.status_code == 200 and "invalid duration" in bad.content.decode()
+    assert not RetentionPolicy.objects.exists() and not AuditRecord.objects.exists()
+    added = client.post("/admin/moderation/retentionpolicy/add/", {"community": world.community.pk, "keep": "12h"})
+    assert added.status_code == 302
+    policy = RetentionPolicy.objects.get(community=world.community)
+    assert policy.keep.total_seconds() == 12 * 3600
+    page = client.get(f"/admin/moderation/retentionpolicy/{policy.pk}/change/").content.decode()
+    assert 'value="12h"' in page
+    changed = client.post(f"/admin/moderation/retentionpolicy/{policy.pk}/change/", {"keep": "90d"})
+    assert changed.status_code == 302
+    policy.refresh_from_db()
+    assert policy.keep.days == 90
+    records = audit("retention_set")
+    assert [r.who for r in records] == ["admin:root", "admin:root"]

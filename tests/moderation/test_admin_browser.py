@@ -263,7 +263,7 @@ def test_relay_admin_archives_a_channel_and_runs_an_expiry_dry_run(
     # A retention policy (keep 0: only what must stay), then expire now: its dry run changes nothing.
     page.goto(f"{BASE}/admin/moderation/retentionpolicy/add/")
     page.select_option("#id_community", str(team["community"].pk))
-    page.fill("#id_keep", "0")
+    page.fill("#id_keep", "0s")
     shot(page, "retention-add")
     page.click("input[name=_save]")
     page.wait_for_url(f"{BASE}/admin/moderation/retentionpolicy/")
