@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 KIND_DELETE_EVENT = 9005
 # Why an access signal was sent when a community's access policy was reset (the `why` field).
 WHY_POLICY_RESET = "policy-reset"
+# The longest retention period (a longer one is "keep everything": remove the policy instead).
+MAX_KEEP = dt.timedelta(days=36500)
 # The actor of a management command.
 COMMAND = "command"
 
@@ -339,6 +341,8 @@ def set_retention(community: Community, keep: dt.timedelta, *, actor: str) -> No
     """Set how long a community keeps non-current revision history (0 keeps only what must stay)."""
     if keep < dt.timedelta(0):
         raise ModerationError("the retention period can't be negative")
+    if keep > MAX_KEEP:
+        raise ModerationError(f"the retention period is at most {MAX_KEEP.days}d")
     with transaction.atomic():
         RetentionPolicy.objects.update_or_create(community=community, defaults={"keep": keep})
         _audit(

@@ -152,4 +152,6 @@ def test_run_without_a_policy_and_a_bad_batch_size_fail(transactional_db: None) 
     assert "nothing to do" in _run("run")
     services.set_retention(world.community, dt.timedelta(days=90), actor="test")
     assert "keeps revision history for 90d" in _run("show", "--host", world.host)
+    with pytest.raises(Exception, match="at most 36500d"):
+        _run("set", "--host", world.host, "--keep", "36501d")
     assert "expired 0 revisions" in _run("run")

@@ -54,7 +54,10 @@ class Command(BaseCommand):
             raise CommandError(f"database error: {str(err).strip().splitlines()[0]}") from None
 
     def _set(self, opts: dict[str, Any]) -> None:
-        keep = duration_arg(opts["keep"])
+        try:
+            keep = duration_arg(opts["keep"])
+        except OverflowError:
+            raise CommandError(f"invalid duration {opts['keep']!r}: too long") from None
         community = community_arg(opts["host"])
         set_retention(community, keep, actor=COMMAND)
         self.stdout.write(f"{community.host} keeps revision history for {_human(keep)}")
