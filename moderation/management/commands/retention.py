@@ -25,6 +25,10 @@ def _human(keep: dt.timedelta) -> str:
     return f"{seconds}s"
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 class Command(BaseCommand):
     help = "Revision-history retention: set and show a community's policy, run expiry, reap TTL channels."
 
@@ -87,7 +91,7 @@ class Command(BaseCommand):
             return
         verb = "would expire" if plan.dry_run else "expired"
         self.stdout.write(
-            f"{verb} {plan.expired} revisions in {len(plan.communities)} communities"
+            f"{verb} {plan.expired} revisions in {_count(len(plan.communities), 'community', 'communities')}"
             f" ({', '.join(plan.communities)}); kept {plan.kept} older revisions that must stay"
             f" (current heads, move records)"
         )
