@@ -21,6 +21,7 @@ from asgiref.sync import sync_to_async
 from django.core.management import call_command
 
 from artifacts.models import Artifact, MoveRemoval, Revision
+from buzz.chat.channels import member_remove
 from buzz.models import Membership, StoredEvent
 from moderation import services
 from moderation.models import AuditAction, AuditRecord
@@ -67,6 +68,13 @@ async def test_expiry_racing_live_writes_keeps_heads_prev_and_duplicates(world: 
         assert "keeps all revision history" in await run("show", "--host", HOST)
         assert "keeps revision history for 0s" in await run("set", "--host", HOST, "--keep", "0s")
 
+        # A membership removal: incremental reads replay it, so expiry must keep its row.
+        await sync_to_async(
+            lambda: member_remove(
+                community=world.community, channel_uuid=world.ch, actor=None, pubkey=world.member.pubkey
+            ),
+            thread_sensitive=False,
+        )()
         before = await sync_to_async(_snapshot, thread_sensitive=False)()
         dry = await run("run", "--host", HOST, "--dry-run")
         # 17 revisions: the 4 heads (the move one of them) and the revision the move replaced are kept.
@@ -120,7 +128,7 @@ async def test_expiry_racing_live_writes_keeps_heads_prev_and_duplicates(world: 
         removal = MoveRemoval.objects.get()
         assert Revision.objects.filter(id__in=[removal.move_id, removal.replaced], expired_at__isnull=True).count() == 2
         assert StoredEvent.objects.filter(id__in=expired, deleted_at__isnull=True).count() == 0
-        assert Membership.objects.count() > 0
+        assert Membership.objects.filter(pubkey=world.member.pubkey, channel__uuid=world.ch).get().removed_at
         records = AuditRecord.objects.filter(action=AuditAction.EXPIRE)
         assert records.count() >= 3 and all(r.who == services.COMMAND for r in records)
 
