@@ -245,6 +245,24 @@ def _channel_names(uuids: Sequence[Any]) -> dict[str, str]:
     return {str(u): name for u, name in rows}
 
 
+def event_text(raw: str) -> str:
+    """A stored event for reading: one field a line, one tag a line."""
+    try:
+        event = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(event, dict):
+        return raw
+    lines = []
+    for key, value in event.items():
+        if key == "tags" and isinstance(value, list) and value:
+            tags = ",\n".join(f"    {json.dumps(tag, ensure_ascii=False)}" for tag in value)
+            lines.append(f'  "tags": [\n{tags}\n  ]')
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
 def revision_state(rev: Revision) -> str:
     if rev.redacted_at is not None:
         return "redacted"
@@ -430,8 +448,7 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
         "id",
         "artifact_link",
         "op",
-        "channel_name",
-        "channel",
+        "channel_detail",
         "prev",
         "root",
         "pubkey",
@@ -563,13 +580,16 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
         url = reverse("admin:artifacts_artifact_change", args=[rev.artifact_id])
         return format_html('<a href="{}">{}</a>', url, rev.artifact)
 
+    @admin.display(description="channel (h)")
+    def channel_detail(self, rev: Revision) -> str:
+        name = _channel_names([rev.channel]).get(str(rev.channel))
+        return f"{name} ({rev.channel})" if name else str(rev.channel)
+
     @admin.display(description="event")
     def event(self, rev: Revision) -> SafeString:
-        try:
-            text = json.dumps(json.loads(rev.raw), indent=2, ensure_ascii=False)
-        except ValueError:
-            text = rev.raw
-        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
+        return format_html(
+            '<pre style="white-space: pre-wrap; overflow-wrap: anywhere; margin: 0">{}</pre>', event_text(rev.raw)
+        )
 
 
 # --- channels: archive, unarchive, delete ---------------------------------------------------------------

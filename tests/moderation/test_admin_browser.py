@@ -326,3 +326,56 @@ def test_a_moderator_logs_in_and_gets_403_where_moderators_have_no_business(
     shot(page, "forbidden")
     channel.refresh_from_db()
     assert channel.deleted_at is None
+
+
+def test_relay_admin_reads_what_a_channel_deletion_does_backs_out_then_deletes_and_resets_the_policy(
+    relay: RelayProcess, browser_page: tuple[Callable[[], Page], Shot], team: dict[str, Any]
+) -> None:
+    new_page, shot = browser_page
+    make_superuser("root")
+    page = new_page()
+    log_in(page, "root")
+    channel = Channel.objects.get(uuid=team["plans"])
+
+    # A revision's own page shows its event.
+    head = Revision.objects.get(id=team["updated"]["id"])
+    page.goto(f"{BASE}/admin/artifacts/revision/{head.seq}/change/")
+    assert "Launch plan, with secrets" in page.locator("#content-main").inner_text()
+    shot(page, "revision")
+
+    # The deletion's page names the artifact that leaves current state; backing out changes nothing.
+    page.goto(f"{BASE}/admin/buzz/channel/")
+    choose_action(page, "delete_channels", str(channel.pk))
+    assert str(team["d"]) in page.locator("#retiring").inner_text()
+    assert "This cannot be undone" in page.locator("#content-main").inner_text()
+    shot(page, "delete-confirm")
+    page.click("a.cancel-link")
+    page.wait_for_url(f"{BASE}/admin/buzz/channel/")
+    channel.refresh_from_db()
+    assert channel.deleted_at is None and not AuditRecord.objects.exists()
+    assert view(relay, HOST, team["reader"], artifact="current", **{"#h": [str(team["plans"])]}) != []
+
+    choose_action(page, "delete_channels", str(channel.pk))
+    page.fill("#id_reason", "spam channel")
+    page.click("input[name=_confirm]")
+    page.wait_for_url(f"{BASE}/admin/buzz/channel/")
+    assert any("Deleted 1 channel(s)" in m for m in messages_of(page)), messages_of(page)
+    shot(page, "delete-done")
+    channel.refresh_from_db()
+    assert channel.deleted_at is not None
+
+    # The access-policy reset, from the communities page.
+    page.goto(f"{BASE}/admin/buzz/community/")
+    shot(page, "communities")
+    choose_action(page, "reset_policies", str(team["community"].pk))
+    assert HOST in page.locator("#targets").inner_text()
+    shot(page, "reset-confirm")
+    page.fill("#id_reason", "purge recovery history")
+    page.click("input[name=_confirm]")
+    page.wait_for_url(f"{BASE}/admin/buzz/community/")
+    assert any("Reset the access policy of 1 community" in m for m in messages_of(page)), messages_of(page)
+    actions = sorted(AuditRecord.objects.values_list("action", "who", "reason"))
+    assert actions == [
+        ("delete_channel", "admin:root", "spam channel"),
+        ("policy_reset", "admin:root", "purge recovery history"),
+    ]
