@@ -74,6 +74,12 @@ class ChannelQuerySet(GuardedQuerySet["Channel"]):
     guarded = frozenset({"deleted_at", "archived_at", "visibility", "community", "uuid"})
 
 
+class MembershipQuerySet(GuardedQuerySet["Membership"]):
+    # Joining, leaving, removal and roles go through buzz.chat.channels, which signals the access change.
+    guarded = frozenset({"removed_at", "role", "pubkey", "channel"})
+    why = "use buzz.chat.channels (member_put, member_remove), which signal the access change"
+
+
 class Community(models.Model):
     """One Buzz workspace. Requests select it by their Host header."""
 
@@ -233,6 +239,8 @@ class Membership(models.Model):
     # Unread = ChannelStats.message_count - read_mark, so a message costs O(1) writes.
     read_mark = models.PositiveBigIntegerField(default=0)
 
+    objects = MembershipQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -245,6 +253,9 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pubkey[:12]}… in {self.channel_id} ({self.role})"
+
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        raise GuardedChange("a membership is never deleted: buzz.chat.channels.member_remove sets removed_at")
 
 
 class Ban(models.Model):

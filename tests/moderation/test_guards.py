@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from artifacts.models import Artifact, MoveRemoval, Revision
 from artifacts.redaction import redact_events
-from buzz.models import Channel, GuardedChange
+from buzz.models import Channel, GuardedChange, Membership
 from tests.moderation.moderation_support import make_world
 
 
@@ -21,7 +21,7 @@ def channel(db: None) -> Channel:
     return Channel.objects.get(uuid=world.ch)
 
 
-def test_channel_delete_and_access_updates_are_refused(channel: Channel) -> None:
+def test_channel_and_membership_deletes_and_access_updates_are_refused(channel: Channel) -> None:
     with pytest.raises(GuardedChange):
         channel.delete()
     with pytest.raises(GuardedChange):
@@ -34,6 +34,15 @@ def test_channel_delete_and_access_updates_are_refused(channel: Channel) -> None
     channel.deleted_at = timezone.now()
     with pytest.raises(GuardedChange):
         Channel.objects.bulk_update([channel], ["deleted_at"])
+    membership = Membership.objects.filter(channel=channel).first()
+    assert membership is not None
+    with pytest.raises(GuardedChange):
+        membership.delete()
+    with pytest.raises(GuardedChange):
+        channel.memberships.all().delete()
+    for change in ({"removed_at": timezone.now()}, {"role": "owner"}):
+        with pytest.raises(GuardedChange):
+            Membership.objects.filter(channel=channel).update(**change)
     # A change that retires nothing and changes no access is an ordinary update.
     assert Channel.objects.filter(pk=channel.pk).update(topic="new topic") == 1
     assert Channel.objects.filter(pk=channel.pk, deleted_at__isnull=True, archived_at__isnull=True).exists()
