@@ -403,11 +403,11 @@ def test_the_retention_form_takes_the_commands_durations_and_saves_through_set_r
     bad = client.post("/admin/moderation/retentionpolicy/add/", {"community": world.community.pk, "keep": "90 days"})
     assert bad.status_code == 200 and "invalid duration" in bad.content.decode()
     for too_long in ("36501d", "99999999999999999999d"):
-        page = client.post(
+        refused = client.post(
             "/admin/moderation/retentionpolicy/add/", {"community": world.community.pk, "keep": too_long}
         )
-        assert page.status_code == 200, too_long
-        assert "at most 36500d" in page.content.decode() or "too long" in page.content.decode(), too_long
+        text = refused.content.decode()
+        assert refused.status_code == 200 and ("at most 36500d" in text or "too long" in text), too_long
     assert not RetentionPolicy.objects.exists() and not AuditRecord.objects.exists()
     added = client.post("/admin/moderation/retentionpolicy/add/", {"community": world.community.pk, "keep": "12h"})
     assert added.status_code == 302
