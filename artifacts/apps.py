@@ -6,7 +6,7 @@ class ArtifactsConfig(AppConfig):
     verbose_name = "NIP-AR artifacts"
 
     def ready(self) -> None:
-        from artifacts import services, sync
+        from artifacts import redaction, services, sync
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
         from buzz.chat.removals import register_removal_target
         from buzz.events.ingest import register_kind
@@ -27,7 +27,7 @@ class ArtifactsConfig(AppConfig):
         register_section("websocket_query_extensions", services.nip11_query_extensions)
         # NIP-AR sync: a REQ whose filter has "artifact" is a sync (artifacts.sync).
         register_req_mode(sync.MODE_KEY, sync.open_sync)
-        # A revision or move removal is redacted, not withheld like a message: until redaction with its
-        # head and retirement rules exists, a 9005 aimed at one is refused.
-        register_removal_target(KIND_ARTIFACT, services.refuse_removal)
-        register_removal_target(KIND_REMOVAL, services.refuse_removal)
+        # A 9005 naming a revision or a move removal redacts it (artifacts.redaction): withheld everywhere,
+        # still accepted, and a redacted current head retires its artifact with a resync of open syncs.
+        register_removal_target(KIND_ARTIFACT, redaction.redact_removal)
+        register_removal_target(KIND_REMOVAL, redaction.redact_removal)

@@ -9,7 +9,27 @@ from __future__ import annotations
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from buzz.models import Community
+from buzz.models import Community, GuardedChange, GuardedQuerySet
+
+
+class ArtifactQuerySet(GuardedQuerySet["Artifact"]):
+    # The head pointer and what reads filter on: only artifacts.services and artifacts.redaction move them.
+    guarded = frozenset({"head_id", "home", "deleted", "retired", "community", "d"})
+
+
+class RevisionQuerySet(GuardedQuerySet["Revision"]):
+    # Redaction and retention (artifacts.redaction) set these, with the resync they need.
+    guarded = frozenset({"redacted_at", "expired_at", "raw", "id", "community", "artifact", "channel"})
+
+
+class MoveRemovalQuerySet(GuardedQuerySet["MoveRemoval"]):
+    guarded = frozenset({"redacted_at", "raw", "id", "community", "artifact", "source"})
+
+
+def _refuse_delete(what: str) -> GuardedChange:
+    return GuardedChange(
+        f"{what} is never deleted: redact it with NIP-29 kind 9005 or moderation.services (they resync open syncs)"
+    )
 
 
 class Artifact(models.Model):
@@ -33,6 +53,8 @@ class Artifact(models.Model):
     # tags, so a restore is compared with the revision before it (issue 9, item 2).
     p_tags = ArrayField(models.CharField(max_length=64), default=list, db_default=[])
 
+    objects = ArtifactQuerySet.as_manager()
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "d"], name="artifact_identity")]
         indexes = [
@@ -46,6 +68,9 @@ class Artifact(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.d}"
+
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        raise _refuse_delete("an artifact")
 
 
 class Revision(models.Model):
@@ -71,6 +96,8 @@ class Revision(models.Model):
     # Retention: an expired revision's content is gone; its id still anchors prev checks.
     expired_at = models.DateTimeField(null=True, blank=True)
 
+    objects = RevisionQuerySet.as_manager()
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "id"], name="revision_identity")]
         indexes = [
@@ -78,10 +105,19 @@ class Revision(models.Model):
             models.Index(fields=["community", "channel", "seq"], name="revision_channel"),
             # The exact lookup by revision id on the write path (a resubmission).
             models.Index(fields=["id"], name="revision_id_lookup"),
+            # Retention finds the revisions it may still expire, oldest first.
+            models.Index(
+                fields=["community", "accepted_at"],
+                name="revision_expiry",
+                condition=models.Q(expired_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.op} {self.id[:12]}…"
+
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        raise _refuse_delete("a revision")
 
 
 class CurrentTag(models.Model):
@@ -112,6 +148,10 @@ class MoveRemoval(models.Model):
     raw = models.TextField()
     seq = models.BigIntegerField(unique=True)
     accepted_at = models.DateTimeField()
+    # Moderation: a redacted removal (a 9005 naming it) is withheld like a redacted revision.
+    redacted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = MoveRemovalQuerySet.as_manager()
 
     class Meta:
         indexes = [
@@ -122,12 +162,16 @@ class MoveRemoval(models.Model):
     def __str__(self) -> str:
         return f"removal of {self.artifact_id} from {self.source}"
 
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        raise _refuse_delete("a move removal")
+
 
 class PolicyStamp(models.Model):
     """One per community: the access-policy stamp that incremental-read tokens bind.
 
-    Nothing writes it yet. Incremental reads will have every relevant channel-access change advance it in
-    the same transaction, so a token minted before the change is refused afterwards.
+    moderation.services.reset_policy advances it (an operator's access-policy reset). Incremental reads will
+    have every relevant channel-access change advance it in the same transaction, so a token minted before
+    the change is refused afterwards.
     """
 
     community = models.OneToOneField(Community, on_delete=models.CASCADE, primary_key=True)

@@ -58,9 +58,7 @@ from buzz.access.policy import (
     has_scope,
     post_allowed_sql,
 )
-from buzz.chat.channels import ChannelError
 from buzz.chat.messages import mentioned, named_pubkeys
-from buzz.chat.removals import DELETE_REFUSED, Removal
 from buzz.events.ingest import WriteResult
 from buzz.events.store import insert_ctes, insert_params
 from buzz.identity.actor import Actor
@@ -455,11 +453,6 @@ async def _edit_once(
 
 async def reject_removal(actor: Actor, event: Event) -> WriteResult:
     return WriteResult.rejected("invalid: kind 45011 removals are written by the relay, never by clients")
-
-
-def refuse_removal(removal: Removal) -> None:
-    """9005 on a revision or a move removal: refused (with the one 9005 refusal text) until redaction."""
-    raise ChannelError(DELETE_REFUSED)
 
 
 KIND5_REFUSED = (

@@ -383,7 +383,11 @@ class SyncSubscription:
             # A deletion, a head that no longer matches, or a move to a channel the reader can read.
             return self._prefix + head.raw + "]"
         removal = await self._removal(head)
-        return self._prefix + removal + "]" if removal is not None else None
+        if removal is None:
+            # The removal was redacted: nothing can tell the client the artifact left, but a new sync.
+            self.resync("an artifact of this sync left it and its removal was redacted")
+            return None
+        return self._prefix + removal + "]"
 
     async def _can_read(self, channel: uuid.UUID) -> bool:
         return (await check_read(self._actor(), channel)).ok
@@ -395,7 +399,8 @@ class SyncSubscription:
             row = await (
                 await conn.execute(
                     "SELECT m.raw FROM artifacts_moveremoval m JOIN artifacts_artifact a ON a.id = m.artifact_id"
-                    " WHERE a.community_id = %s AND a.d = %s AND m.source = ANY(%s) ORDER BY m.seq DESC LIMIT 1",
+                    " WHERE a.community_id = %s AND a.d = %s AND m.source = ANY(%s) AND m.redacted_at IS NULL"
+                    " ORDER BY m.seq DESC LIMIT 1",
                     (self.host.community.id, uuid.UUID(head.d), sorted(self._channels)),
                 )
             ).fetchone()

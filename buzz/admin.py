@@ -61,6 +61,10 @@ class CommunityAdmin(admin.ModelAdmin[Community]):
         # Creating a community generates its relay key: use `manage.py community create`.
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Community | None = None) -> bool:
+        # Deleting a community would drop every channel, artifact and member under live subscriptions.
+        return False
+
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         if formset.model is not RelayMember:
             super().save_formset(request, form, formset, change)
@@ -210,6 +214,15 @@ class BanAdmin(admin.ModelAdmin[Ban]):
     list_filter = ("community",)
     search_fields = ("pubkey",)
     readonly_fields = ("created_at", "lifted_at")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Ban | None = None) -> Any:
+        # A ban is made through ban_add; changing one in place (or deleting it) would change access unseen.
+        if obj is not None:
+            return ("community", "pubkey", "reason", "created_at", "expires_at", "lifted_at")
+        return self.readonly_fields
+
+    def has_delete_permission(self, request: HttpRequest, obj: Ban | None = None) -> bool:
+        return False
 
     def save_model(self, request: HttpRequest, obj: Ban, form: Any, change: bool) -> None:
         if change:

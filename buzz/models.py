@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from django.contrib.postgres.indexes import HashIndex
 from django.core.validators import RegexValidator
 from django.db import models
@@ -31,6 +33,51 @@ class RelayRole(models.TextChoices):
     ADMIN = "admin", "admin"
     MODERATOR = "moderator", "moderator"
     MEMBER = "member", "member"
+
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+class GuardedChange(RuntimeError):
+    """A delete or update that would retire a head, remove a revision or change access without the resync
+    NIP-AR sync rule 6 requires. Such changes go through moderation's services (or NIP-29 events)."""
+
+
+class GuardedQuerySet(models.QuerySet[_M]):
+    """A queryset whose delete() always raises, and whose update() / bulk_update() raise for `guarded` fields.
+
+    Django's bulk delete and queryset updates (the admin's actions among them) skip every service and
+    every live signal, so for these tables they are refused. The services write with their own SQL.
+    """
+
+    guarded: frozenset[str] = frozenset()
+    why = "use the moderation services (they resync what must resync)"
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise GuardedChange(f"{self.model.__name__} rows are never deleted this way: {self.why}")
+
+    def update(self, **kwargs: object) -> int:
+        touched = self.guarded & set(kwargs)
+        if touched:
+            raise GuardedChange(f"{self.model.__name__}.{sorted(touched)[0]} is never updated this way: {self.why}")
+        return super().update(**kwargs)
+
+    def bulk_update(self, objs: object, fields: object, batch_size: int | None = None) -> int:
+        touched = self.guarded & {str(f) for f in fields}  # type: ignore[attr-defined]
+        if touched:
+            raise GuardedChange(f"{self.model.__name__}.{sorted(touched)[0]} is never updated this way: {self.why}")
+        return super().bulk_update(objs, fields, batch_size=batch_size)  # type: ignore[arg-type]
+
+
+class ChannelQuerySet(GuardedQuerySet["Channel"]):
+    # Deletion and archival go through buzz.chat.channels (or moderation.services), which resync.
+    guarded = frozenset({"deleted_at", "archived_at", "visibility", "community", "uuid"})
+
+
+class MembershipQuerySet(GuardedQuerySet["Membership"]):
+    # Joining, leaving, removal and roles go through buzz.chat.channels, which signals the access change.
+    guarded = frozenset({"removed_at", "role", "pubkey", "channel"})
+    why = "use buzz.chat.channels (member_put, member_remove), which signal the access change"
 
 
 class Community(models.Model):
@@ -169,12 +216,17 @@ class Channel(models.Model):
         null=True, blank=True, help_text="last visibility change (database clock); empty if never changed"
     )
 
+    objects = ChannelQuerySet.as_manager()
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "uuid"], name="channel_uuid_unique")]
         ordering = ["community", "name"]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.uuid})"
+
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        raise GuardedChange("a channel is deleted by buzz.chat.channels.channel_delete (NIP-29 9008), never removed")
 
 
 class Membership(models.Model):
@@ -190,6 +242,8 @@ class Membership(models.Model):
     # Unread = ChannelStats.message_count - read_mark, so a message costs O(1) writes.
     read_mark = models.PositiveBigIntegerField(default=0)
 
+    objects = MembershipQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -202,6 +256,9 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pubkey[:12]}… in {self.channel_id} ({self.role})"
+
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        raise GuardedChange("a membership is never deleted: buzz.chat.channels.member_remove sets removed_at")
 
 
 class Ban(models.Model):

@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("artifacts", "0004_community_revision_keys")]
+    dependencies = [("artifacts", "0005_redaction_retention")]
 
     operations = [
         migrations.AddIndex(

@@ -118,10 +118,12 @@ def store_sync(*, community_id: int, event: Event, channel: uuid.UUID | None) ->
     return bool(row and row[0])
 
 
-def withhold_sync(*, community_id: int, ids: Sequence[str]) -> int:
-    """Withhold stored copies from every read (a removed message, a redacted or expired revision).
+def withhold_sync(*, community_id: int, ids: Sequence[str], erase: bool = False) -> int:
+    """Withhold stored copies from every read (a removed message, a redacted or expired revision), and
+    drop their mention records (a withheld event notifies nobody).
 
-    The rows stay: an id once accepted is never accepted again. Returns how many were withheld now.
+    The rows stay: an id once accepted is never accepted again. `erase` also empties the stored text
+    (retention: the content is gone, the id still answers `duplicate:`). Returns how many were withheld now.
     """
     if not ids:
         return 0
@@ -131,7 +133,16 @@ def withhold_sync(*, community_id: int, ids: Sequence[str]) -> int:
             " WHERE community_id = %s AND id = ANY(%s) AND deleted_at IS NULL",
             [community_id, list(ids)],
         )
-        return int(cur.rowcount)
+        withheld = int(cur.rowcount)
+        if erase:
+            cur.execute(
+                "UPDATE buzz_storedevent SET raw = '' WHERE community_id = %s AND id = ANY(%s) AND raw <> ''",
+                [community_id, list(ids)],
+            )
+        cur.execute(
+            "DELETE FROM buzz_mention WHERE community_id = %s AND event_id = ANY(%s)", [community_id, list(ids)]
+        )
+        return withheld
 
 
 def discard_sync(*, community_id: int, channel: uuid.UUID, kinds: Iterable[int]) -> int | None:

@@ -11,7 +11,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("buzz", "0003_community_event_keys")]
+    dependencies = [("buzz", "0004_req_page_indexes")]
 
     operations = [
         migrations.AddIndex(

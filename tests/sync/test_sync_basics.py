@@ -246,17 +246,16 @@ async def test_a_forced_retirement_resyncs_the_syncs_that_hold_it(world: World, 
 
 
 def _retire(world: World, d: uuid.UUID) -> None:
+    """A moderation redaction of the current head (artifacts.redaction, what a 9005 runs)."""
     from django.db import transaction
-    from django.utils import timezone
 
-    from artifacts.models import Artifact, Revision
-    from buzz.live import signals
+    from artifacts.models import Artifact
+    from artifacts.redaction import redact_events
 
     with transaction.atomic():
         artifact = Artifact.objects.get(community=world.community, d=d)
-        Revision.objects.filter(community=world.community, id=artifact.head_id).update(redacted_at=timezone.now())
-        Artifact.objects.filter(pk=artifact.pk).update(retired=True)
-        signals.publish_on_commit(world.community.pk, artifact.home, signals.retired_message(artifact.home, str(d)))
+        assert artifact.head_id is not None
+        assert redact_events(world.community.pk, [artifact.head_id]).retired == ((str(d), artifact.home),)
 
 
 async def test_a_set_larger_than_max_events_is_closed_without_eose(world: World, relay_factory: Any) -> None:

@@ -1,0 +1,116 @@
+"""Every moderation service and command that must resync does: an open sync that must get CLOSED
+"resync: ..." gets it (an admin redaction of a head, a policy reset, a TTL channel's deletion by
+`retention reap-ttl`), and the admin's removal is a relay-signed 9005 stored in the channel."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import uuid
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from artifacts.models import PolicyStamp
+from buzz.models import Channel
+from moderation import services
+from moderation.models import AuditAction, AuditRecord
+from tests.moderation.moderation_support import RELAY_ENV, World, closed, make_world, replay, view
+from tests.support.factories import revision
+from tests.support.wire import accept, logged_in
+from tests.sync.support import follow, open_sync
+
+HOST = "service-resync.test"
+
+
+@pytest.fixture
+def world(transactional_db: None) -> World:
+    return make_world(HOST)
+
+
+def _thread(fn: Any) -> Any:
+    return sync_to_async(fn, thread_sensitive=False)()
+
+
+async def test_admin_redaction_resyncs_and_is_a_relay_signed_9005(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    ch = str(world.ch)
+    async with logged_in(relay, world.author, host=HOST) as a, logged_in(relay, world.member, host=HOST) as m:
+        d = str(uuid.uuid4())
+        head = revision(world.author, d=d, h=ch)
+        await accept(a, head)
+        state = await open_sync(m, "s", {"artifact": "current", "#h": [ch]})
+        assert state.eose and d in state.heads
+        preview = await _thread(lambda: services.preview_redact(world.community, [head["id"], "ab" * 32]))
+        assert preview.withheld == (head["id"],) and preview.retiring == (d,) and preview.unknown == ("ab" * 32,)
+        assert preview.open_syncs >= 1  # this node listens on the channel
+        plan = await _thread(lambda: services.redact(world.community, [head["id"]], actor="admin:root", reason="spam"))
+        assert plan.retiring == (d,)
+        assert (await closed(m, "s")).startswith("resync:")
+        assert await view(relay, world, world.member, {"artifact": "current", "#h": [ch]}) == []
+        removals = await replay(m, "rm", {"#h": [ch], "kinds": [9005]})
+        assert len(removals) == 1
+        await m.send_json(["REQ", "rm2", {"ids": removals}])
+        event = (await m.expect("EVENT", 15.0, where=lambda x: x[1] == "rm2"))[2]
+        assert event["pubkey"] == world.community.relay_pubkey and ["e", head["id"]] in event["tags"]
+        assert event["content"] == "spam"
+    record = await _thread(lambda: AuditRecord.objects.get(action=AuditAction.REDACT))
+    assert record.who == "admin:root" and record.detail["withheld"] == [head["id"]] and record.detail["retired"] == [d]
+    # Redacting it again changes nothing and withholds nothing.
+    again = await _thread(lambda: services.redact(world.community, [head["id"]], actor="admin:root", reason="x"))
+    assert again.withheld == () and again.unknown == (head["id"],)
+
+
+async def test_policy_reset_advances_the_stamp_and_resyncs(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    async with logged_in(relay, world.member, host=HOST) as m:
+        state = await open_sync(m, "s", {"artifact": "current", "#h": [str(world.ch), str(world.other)]})
+        assert state.eose
+        before = await _thread(lambda: PolicyStamp.objects.filter(community=world.community).first())
+        plan = await _thread(lambda: services.reset_policy(world.community, actor="admin:root", reason="rotate"))
+        assert set(plan.channels) >= {str(world.ch), str(world.other)}
+        assert (await closed(m, "s")).startswith("resync:")
+    stamp = await _thread(lambda: PolicyStamp.objects.get(community=world.community).stamp)
+    assert stamp == (before.stamp if before else 0) + 1
+
+
+async def test_reap_ttl_archives_then_deletes_with_resync(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    ch = str(world.ch)
+
+    def expire_ttl(seconds_ago: int) -> None:
+        # The channel's TTL passed `seconds_ago` seconds ago (an hour-long TTL).
+        with connection.cursor() as cur:
+            cur.execute(
+                "UPDATE buzz_channel SET ttl_seconds = 3600, deadline = %s WHERE uuid = %s",
+                [timezone.now() - dt.timedelta(seconds=seconds_ago), world.ch],
+            )
+
+    def reap() -> str:
+        out = io.StringIO()
+        call_command("retention", "reap-ttl", stdout=out)
+        return out.getvalue()
+
+    async with logged_in(relay, world.author, host=HOST) as a, logged_in(relay, world.member, host=HOST) as m:
+        d = str(uuid.uuid4())
+        head = revision(world.author, d=d, h=ch)
+        await accept(a, head)
+        state = await open_sync(m, "s", {"artifact": "current", "#h": [ch, str(world.other)]})
+        await _thread(lambda: expire_ttl(60))
+        assert "1 archived, 0 deleted" in await _thread(reap)
+        assert await _thread(lambda: Channel.objects.get(uuid=world.ch).archived_at is not None)
+        # Archived: no resync; the sync still gets a later change in the other channel it names.
+        d2 = str(uuid.uuid4())
+        await accept(a, revision(world.author, d=d2, h=str(world.other)))
+        await follow(m, "s", state, lambda s: d2 in s.heads)
+        assert state.closed is None and d in state.heads
+        assert "0 archived, 0 deleted" in await _thread(reap)
+        await _thread(lambda: expire_ttl(2 * 3600))
+        assert "0 archived, 1 deleted" in await _thread(reap)
+        await follow(m, "s", state, lambda s: False, timeout=15.0)
+        assert state.closed is not None and state.closed.startswith("resync:")
+    assert await _thread(lambda: Channel.objects.get(uuid=world.ch).deleted_at is not None)
