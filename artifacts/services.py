@@ -33,6 +33,7 @@ from typing import Any
 from django.conf import settings
 from psycopg import AsyncConnection
 
+from artifacts import incremental
 from artifacts.envelope import (
     DEFAULT_LIMITS,
     ENVELOPE_VERSION,
@@ -440,6 +441,8 @@ def nip11_section(community: CommunityInfo) -> dict[str, Any]:
     }
     if settings.BUZZ_SYNC["enabled"]:
         section["sync"] = {"version": 1, "max_events": settings.BUZZ_SYNC["max_events"]}
+    if incremental.enabled():
+        section["incremental"] = incremental.nip11()
     return section
 
 
