@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,8 @@ class Client:
     checkpoint: str | None = None
     pages: int = 0
     resets: list[str] = field(default_factory=list)
+    # Called between two pages of a pass (the simulation writes there).
+    between_pages: Callable[[], Awaitable[None]] | None = None
 
     async def _post(self, body: Any) -> tuple[int, Any]:
         relay = self.relays[self.pages % len(self.relays)]
@@ -127,6 +129,8 @@ class Client:
                 return body["checkpoint"], changes
             assert "checkpoint" not in body, "only the final page carries a checkpoint"
             extra = {"cursor": body["nextCursor"]}
+            if self.between_pages is not None:
+                await self.between_pages()
 
     async def current(self, ids: Sequence[str]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
