@@ -5,7 +5,8 @@ Data set: --artifacts current heads (default 100,000) of type buzz.task, over --
 every artifact is readable. The heads and their create revisions are seeded in one INSERT ... SELECT
 generate_series each, as the write path stores them (raw = the event's JSON; the signatures are
 placeholders, which no read checks), with head changes spread over the day before and the memberships two days old, so
-they are older than any later pass's window (a grant in the window would replay its channel). VACUUM ANALYZE after the load.
+they are older than any later pass's window (a grant in the window would replay its channel).
+VACUUM ANALYZE after the load.
 
 Figures, each beside its baseline in the same run, alternating (relay, SQL, relay, SQL, ...):
   initial  a full initial pass {"artifact":"incremental","query":{"artifact":"current","#type":["buzz.task"]}}
