@@ -452,30 +452,40 @@ def _statement_ms(deadline: float) -> int:
     return max(1, min(STATEMENT_BUDGET_MS, left))
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    conn: AsyncConnection[Any]
+    now: dt.datetime  # the database clock
+    stamp: int  # the community's policy stamp
+    ttl: frozenset[uuid.UUID]  # the community's TTL channels
+
+
 @contextlib.asynccontextmanager
-async def _transaction(deadline: float, *, snapshot: bool) -> AsyncIterator[AsyncConnection[Any]]:
+async def _transaction(deadline: float, community_id: int) -> AsyncIterator[Snapshot]:
+    """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
+    policy stamp and the TTL channels read, in one round trip."""
     pool = await runtime.pool()
     async with pool.connection() as conn, conn.transaction():
-        level = "REPEATABLE READ" if snapshot else "READ COMMITTED"
-        await conn.execute(
-            f"SET TRANSACTION ISOLATION LEVEL {level}, READ ONLY;"
+        community = int(community_id)
+        cursor = await conn.execute(
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # noqa: S608 - integers only
             f" SET LOCAL statement_timeout = {_statement_ms(deadline)};"
-            " SET LOCAL plan_cache_mode = force_custom_plan"
+            " SET LOCAL plan_cache_mode = force_custom_plan;"
+            " SELECT clock_timestamp(),"
+            f" (SELECT stamp FROM artifacts_policystamp WHERE community_id = {community}),"
+            f" ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = {community} AND ttl_seconds IS NOT NULL)"
         )
-        yield conn
+        while cursor.nextset():
+            pass
+        row = await cursor.fetchone()
+        if row is None:
+            raise unavailable("the database did not answer; retry", "database")
+        yield Snapshot(conn, row[0], int(row[1] or 0), frozenset(row[2]))
 
 
-async def _clock_and_stamp(conn: AsyncConnection[Any], community_id: int) -> tuple[dt.datetime, int]:
-    rows = await (
-        await conn.execute(
-            "SELECT clock_timestamp(), (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s)",
-            (community_id,),
-        )
-    ).fetchall()
-    return rows[0][0], int(rows[0][1] or 0)
-
-
-async def scope(actor: Actor, query: ArtifactQuery, conn: AsyncConnection[Any]) -> list[uuid.UUID]:
+async def scope(
+    actor: Actor, query: ArtifactQuery, conn: AsyncConnection[Any], ttl: frozenset[uuid.UUID]
+) -> list[uuid.UUID]:
     """The permanent channels this read covers, sorted (the policy decides readability).
 
     Without #h: what an ordinary read covers (joined or listed readable channels). With #h: the named
@@ -494,16 +504,7 @@ async def scope(actor: Actor, query: ArtifactQuery, conn: AsyncConnection[Any]) 
         readable = [c for c in named if decide_read(actor, c, facts[c]).ok]
     else:
         readable = []
-    if not readable:
-        return []
-    rows = await (
-        await conn.execute(
-            "SELECT uuid FROM buzz_channel WHERE community_id = %s AND uuid = ANY(%s)"
-            " AND ttl_seconds IS NULL AND deleted_at IS NULL",
-            (actor.community.id, readable),
-        )
-    ).fetchall()
-    return sorted(r[0] for r in rows)
+    return sorted(c for c in readable if c not in ttl)
 
 
 def _upsert(d: uuid.UUID | str, raw: str) -> str:
@@ -646,10 +647,10 @@ async def read_page(actor: Actor, request: Request, deadline: float) -> str:
     """One page of a pass: the response body. Raises IncrementalError, Denied."""
     n = page_rows()
     bound = response_bytes()
-    async with _transaction(deadline, snapshot=True) as conn:
-        now, stamp = await _clock_and_stamp(conn, actor.community.id)
-        run = resume(actor, request, now=now, stamp=stamp)
-        channels = await scope(actor, request.query, conn)
+    async with _transaction(deadline, actor.community.id) as snap:
+        conn = snap.conn
+        run = resume(actor, request, now=snap.now, stamp=snap.stamp)
+        channels = await scope(actor, request.query, conn, snap.ttl)
         if run.since is None:
             rows: list[Any] = []
             if channels:
@@ -691,9 +692,9 @@ async def read_current(actor: Actor, request: Request, deadline: float) -> str:
     ids = request.ids or ()
     parsed = [canonical_uuid(v) for v in ids]
     wanted = [p for p in parsed if p is not None]
-    async with _transaction(deadline, snapshot=True) as conn:
-        now, _ = await _clock_and_stamp(conn, actor.community.id)
-        channels = await scope(actor, request.query, conn)
+    async with _transaction(deadline, actor.community.id) as snap:
+        conn, now = snap.conn, snap.now
+        channels = await scope(actor, request.query, conn, snap.ttl)
         found: dict[uuid.UUID, str] = {}
         if channels and wanted:
             where, args = current_where(actor, request.query, channels)
