@@ -14,6 +14,7 @@ Figures, each beside its baseline in the same run, alternating (relay, SQL, rela
            decoded, following nextCursor to the checkpoint. Baseline: the same keyset pages as
            hand-written SQL (ORDER BY changed_at, d LIMIT 100, on the reader's channels), fetched
            through psycopg on one connection.
+  (reference) one ordinary current-view POST /query of 100 rows on the same relay, per page.
   later    1,000 heads then change (one UPDATE ... FROM a revision INSERT, changed_at = clock_timestamp()),
            and a later pass from the initial pass's checkpoint (repeatable: the window keeps them).
            Baseline: hand-written SQL paging the head changes in the window [start - 120 s, now].
@@ -112,7 +113,7 @@ class Relay:
         self.server, self.token = server, token
         self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
 
-    def post(self, body: Any) -> dict[str, Any]:
+    def post(self, body: Any) -> Any:
         data = json.dumps(body).encode()
         headers = {
             "Host": self.server.host_header,
@@ -131,8 +132,7 @@ class Relay:
         payload = response.read()
         if response.status != 200:
             raise BenchError(f"POST /query: {response.status} {payload[:300]!r}")
-        decoded: dict[str, Any] = json.loads(payload)
-        return decoded
+        return json.loads(payload)
 
     def run(self, checkpoint: str | None) -> tuple[list[tuple[str, str]], str, int, str]:
         """One pass: ((artifact id, head id) in order, its checkpoint, pages, startedAt)."""
@@ -303,6 +303,15 @@ def main(argv: list[str] | None = None) -> int:
             base.run(lo, None)
             sql_l.append(time.perf_counter() - t)
         results["later"] = {"relay_s": relay_l, "sql_s": sql_l, "rows": len(later), "pages": later_pages}
+        # Reference, not a target: what one ordinary signed view request of 100 rows costs on this relay.
+        view: list[float] = []
+        for i in range(min(100, args.artifacts // PAGE_ROWS)):
+            t = time.perf_counter()
+            page = client.post([{**QUERY, "limit": PAGE_ROWS, "offset": i * PAGE_ROWS}])
+            view.append(time.perf_counter() - t)
+            if len(page) != PAGE_ROWS:
+                raise BenchError(f"the current view returned {len(page)} rows, not {PAGE_ROWS}")
+        results["view_page_s"] = view
         common.stop_process(relay.proc)
 
     print("-" * 78)
@@ -315,6 +324,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  hand-written SQL pages  {_ms(r['sql_s'])}", flush=True)
         print(f"  ratio {common.ratio(statistics.median(r['relay_s']), statistics.median(r['sql_s']))}"
               f" (target <= 2x)", flush=True)  # fmt: skip
+    per_page = [1000 * v for v in results["view_page_s"]]
+    inc_page = 1000 * statistics.median(results["initial"]["relay_s"]) / results["initial"]["pages"]
+    sql_page = 1000 * statistics.median(results["initial"]["sql_s"]) / results["initial"]["pages"]
+    print(
+        f"per page of 100: incremental {inc_page:.1f} ms, SQL {sql_page:.1f} ms; reference, the ordinary"
+        f" current view (POST /query, limit 100, offset pages) on the same relay: median"
+        f" {statistics.median(per_page):.1f} ms",
+        flush=True,
+    )
     common.write_json(args.json, results)
     return 0
 
