@@ -6,8 +6,9 @@ class ArtifactsConfig(AppConfig):
     verbose_name = "NIP-AR artifacts"
 
     def ready(self) -> None:
-        from artifacts import redaction, services, sync
+        from artifacts import incremental, redaction, services, sync
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
+        from buzz.access.changes import register_access_hook
         from buzz.chat.removals import register_removal_target
         from buzz.events.ingest import register_kind
         from buzz.web.nip11 import register_section
@@ -31,3 +32,5 @@ class ArtifactsConfig(AppConfig):
         # still accepted, and a redacted current head retires its artifact with a resync of open syncs.
         register_removal_target(KIND_ARTIFACT, redaction.redact_removal)
         register_removal_target(KIND_REMOVAL, redaction.redact_removal)
+        # NIP-AR incremental reads: every access change advances the community's policy stamp, in its transaction.
+        register_access_hook(incremental.advance_policy_stamp)

@@ -59,7 +59,8 @@ class Artifact(models.Model):
         constraints = [models.UniqueConstraint(fields=["community", "d"], name="artifact_identity")]
         indexes = [
             models.Index(fields=["community", "home", "d"], name="artifact_home"),
-            models.Index(fields=["community", "changed_at"], name="artifact_changed"),
+            # Incremental reads page head changes by (changed_at, d) (artifacts.incremental).
+            models.Index(fields=["community", "changed_at", "d"], name="artifact_change_order"),
             # Finds the artifact a revision heads (redaction), and backs the head's composite foreign key.
             models.Index(fields=["community", "head_id"], name="artifact_head"),
             # The exact lookup by d on the write path (tests/chat/test_hot_plans.py).
@@ -157,6 +158,8 @@ class MoveRemoval(models.Model):
         indexes = [
             models.Index(fields=["community", "source", "seq"], name="removal_source"),
             models.Index(fields=["community", "move_id"], name="removal_move"),
+            # Incremental reads page move-source records by acceptance time (artifacts.incremental).
+            models.Index(fields=["community", "accepted_at"], name="removal_accepted"),
         ]
 
     def __str__(self) -> str:
@@ -169,9 +172,10 @@ class MoveRemoval(models.Model):
 class PolicyStamp(models.Model):
     """One per community: the access-policy stamp that incremental-read tokens bind.
 
-    moderation.services.reset_policy advances it (an operator's access-policy reset). Incremental reads will
-    have every relevant channel-access change advance it in the same transaction, so a token minted before
-    the change is refused afterwards.
+    Every relevant access change advances it in its own transaction (buzz.access.changes, registered by
+    artifacts.incremental), and so does an operator's access-policy reset (moderation.services.reset_policy,
+    through artifacts.incremental.advance_policy_stamp), so an incremental-read token minted before the change
+    is refused afterwards. Artifact writes never touch it.
     """
 
     community = models.OneToOneField(Community, on_delete=models.CASCADE, primary_key=True)

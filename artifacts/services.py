@@ -34,6 +34,7 @@ from typing import Any
 from django.conf import settings
 from psycopg import AsyncConnection
 
+from artifacts import incremental
 from artifacts.envelope import (
     DEFAULT_LIMITS,
     ENVELOPE_VERSION,
@@ -480,6 +481,8 @@ def nip11_section(community: CommunityInfo) -> dict[str, Any]:
     }
     if settings.BUZZ_SYNC["enabled"]:
         section["sync"] = {"version": 1, "max_events": settings.BUZZ_SYNC["max_events"]}
+    if incremental.enabled():
+        section["incremental"] = incremental.nip11()
     return section
 
 

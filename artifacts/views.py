@@ -15,11 +15,12 @@ from typing import Final, TypeVar
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from artifacts import selectors
+from artifacts import incremental, selectors
 from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query_body
+from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.identity.httpauth import authenticate
-from buzz.web.errors import error_response, json_failures
+from buzz.web.errors import error_response, json_failures, status_of
 from buzz.web.views import community_of
 
 # Room for every filter within the advertised limits, however it is encoded: JSON may spell each
@@ -67,6 +68,8 @@ async def _within_budget(request: HttpRequest, read: Callable[[Actor, ArtifactQu
 @csrf_exempt
 @json_failures()
 async def query(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST" and incremental.enabled() and incremental.looks_incremental(request.body):
+        return await _incremental(request)
     refused = _transport_error(request)
     if refused is not None:
         return refused
@@ -95,3 +98,48 @@ async def count(request: HttpRequest) -> HttpResponse:
         return await selectors.count_events(actor, q, deadline=deadline)
 
     return JsonResponse({"count": await _within_budget(request, read)})
+
+
+def _incremental_failure(err: incremental.IncrementalError) -> JsonResponse:
+    return JsonResponse(err.body(), status=err.status)
+
+
+# Refusals from authentication and the policy keep their NIP-01 meaning, in the incremental error shape.
+_REFUSAL_CODES: Final = {"auth-required": "auth_required", "restricted": "restricted", "blocked": "blocked"}
+
+
+def _refusal(err: Refused) -> JsonResponse:
+    prefix = err.reason.split(":", 1)[0]
+    if prefix == "error":
+        return _incremental_failure(incremental.unavailable(err.reason, "database"))
+    code = _REFUSAL_CODES.get(prefix)
+    if code is None:
+        return _incremental_failure(incremental.invalid(err.reason))
+    return JsonResponse({"error": code, "reason": None, "message": err.reason}, status=status_of(err.reason))
+
+
+async def _incremental(request: HttpRequest) -> HttpResponse:
+    """NIP-AR incremental reads (artifacts.incremental): authentication, the request and the read, all in
+    one operation slot and budget. Every failure is a JSON {"error", "reason", "message"}; none carries
+    a cursor or a checkpoint."""
+    if len(request.body) > MAX_BODY:
+        return _incremental_failure(
+            incremental.IncrementalError(
+                413, "incremental_limit", "request_bytes", f"body larger than {MAX_BODY} bytes"
+            )
+        )
+    deadline = asyncio.get_running_loop().time() + incremental.OPERATION_BUDGET_SECONDS
+    try:
+        async with incremental.operation(deadline):
+            body = request.body
+            actor = await authenticate(request, community_of(request), body)
+            parsed = incremental.parse_request(json.loads(body))
+            if parsed.ids is not None:
+                text = await incremental.read_current(actor, parsed, deadline)
+            else:
+                text = await incremental.read_page(actor, parsed, deadline)
+    except incremental.IncrementalError as err:
+        return _incremental_failure(err)
+    except Refused as err:
+        return _refusal(err)
+    return HttpResponse(text, content_type="application/json")

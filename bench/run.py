@@ -132,6 +132,12 @@ register(
     runs=2,
 )
 register(
+    "incremental",
+    "NIP-AR incremental reads: a full initial pass over 100k artifacts and a later pass after 1k changes, "
+    "each vs hand-written SQL returning the same rows",
+    Step("incremental.py", 600, lambda o: 0.0, takes_seconds=False),
+)
+register(
     "artifact-writes",
     "NIP-AR revisions/s, 1 create : 3 updates in one channel, vs pgbench -N",
     Step("artifact_writes.py", 300, timed(10), label="writes"),

@@ -2,10 +2,12 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from buzz.access.changes import access_changed
 from buzz.chat.bans import ban_add
 from buzz.chat.channels import ChannelError, channel_edit, member_remove
 from buzz.identity import communities
@@ -64,6 +66,12 @@ class CommunityAdmin(admin.ModelAdmin[Community]):
     def has_delete_permission(self, request: HttpRequest, obj: Community | None = None) -> bool:
         # Deleting a community would drop every channel, artifact and member under live subscriptions.
         return False
+
+    def save_model(self, request: HttpRequest, obj: Community, form: Any, change: bool) -> None:
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            if change and "admission" in form.changed_data:
+                access_changed(obj.pk)  # who may read changes (buzz.access.changes)
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         if formset.model is not RelayMember:
@@ -226,7 +234,9 @@ class BanAdmin(admin.ModelAdmin[Ban]):
 
     def save_model(self, request: HttpRequest, obj: Ban, form: Any, change: bool) -> None:
         if change:
-            super().save_model(request, obj, form, change)
+            with transaction.atomic():
+                super().save_model(request, obj, form, change)
+                access_changed(obj.community_id)  # an edited ban may end sooner or cover someone else
             return
         duration = obj.expires_at - timezone.now() if obj.expires_at else None
         saved = ban_add(community=obj.community, pubkey=obj.pubkey, reason=obj.reason, duration=duration)

@@ -303,3 +303,24 @@ BUZZ_SYNC = {
     # Bytes of the initial set a sync may buffer between the snapshot and the connection's send queue.
     "buffer_bytes": env.int("BUZZ_SYNC_BUFFER_BYTES", default=8 * 1024 * 1024),
 }
+
+# NIP-AR incremental reads (POST /query {"artifact": "incremental", ...}): off by default. Cursors and
+# checkpoints are signed with BUZZ_INCREMENTAL_SIGNING_KEY, which every instance serving the community
+# must share (one instance verifies what another signed); there is no server-side state.
+BUZZ_INCREMENTAL = {
+    "enabled": env.bool("BUZZ_ARTIFACT_INCREMENTAL_ENABLED", default=False),
+    "signing_key": env.str("BUZZ_INCREMENTAL_SIGNING_KEY", default=""),
+    # Advertised in NIP-11 (artifacts.incremental); the defaults are the spec's.
+    "page_rows": env.int("BUZZ_INCREMENTAL_PAGE_ROWS", default=100),
+    "response_bytes": env.int("BUZZ_INCREMENTAL_RESPONSE_BYTES", default=8 * 1024 * 1024),
+}
+if BUZZ_INCREMENTAL["enabled"]:
+    if len(str(BUZZ_INCREMENTAL["signing_key"]).strip()) < 32:
+        raise _config_error(
+            "set BUZZ_INCREMENTAL_SIGNING_KEY to a random string of at least 32 characters, the same on every"
+            " instance (BUZZ_ARTIFACT_INCREMENTAL_ENABLED is on; docs/operations.md says how to make one)"
+        )
+    if not 1 <= int(BUZZ_INCREMENTAL["page_rows"]) <= 1000:
+        raise _config_error("BUZZ_INCREMENTAL_PAGE_ROWS must be from 1 to 1000")
+    if int(BUZZ_INCREMENTAL["response_bytes"]) < 1024:
+        raise _config_error("BUZZ_INCREMENTAL_RESPONSE_BYTES must be at least 1024")

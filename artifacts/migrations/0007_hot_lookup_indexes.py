@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("artifacts", "0005_redaction_retention")]
+    dependencies = [("artifacts", "0006_incremental_indexes")]
 
     operations = [
         migrations.AddIndex(

@@ -7,6 +7,7 @@ import datetime as dt
 from django.db import transaction
 from django.utils import timezone
 
+from buzz.access.changes import access_changed
 from buzz.identity.communities import check_pubkey
 from buzz.live import signals
 from buzz.models import Ban, Community, Timeout
@@ -27,13 +28,18 @@ def ban_add(*, community: Community, pubkey: str, reason: str = "", duration: dt
         # Reads are refused to a banned pubkey: every open subscription of it re-checks and ends, also
         # those on open channels it reads without being a member (the signal goes to the pubkey's topic).
         signals.publish_standing_on_commit(community.pk, pubkey, signals.WHY_BAN)
+        access_changed(community.pk)
     return ban
 
 
 def ban_lift(*, community: Community, pubkey: str) -> int:
-    return Ban.objects.filter(community=community, pubkey=pubkey, lifted_at__isnull=True).update(
-        lifted_at=timezone.now()
-    )
+    with transaction.atomic():
+        lifted = Ban.objects.filter(community=community, pubkey=pubkey, lifted_at__isnull=True).update(
+            lifted_at=timezone.now()
+        )
+        if lifted:
+            access_changed(community.pk)  # the pubkey reads again
+    return lifted
 
 
 def timeout_add(*, community: Community, pubkey: str, duration: dt.timedelta, reason: str = "") -> Timeout:

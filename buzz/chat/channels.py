@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from django.db import transaction
 from django.utils import timezone
 
+from buzz.access.changes import access_changed
 from buzz.access.policy import MANAGER_ROLES
 from buzz.events.store import discard_sync, store_sync
 from buzz.live import signals
@@ -306,7 +307,10 @@ def channel_edit(
         archiving_only = set(changes) == {"archived"}
         if channel.archived_at is not None and not archiving_only and "archived" not in changes:
             raise ChannelError("invalid: channel is archived")
-        access_changed = False
+        access_changed_now = False
+        # Listing and TTL change what an incremental read covers (unlisted channels need #h; TTL
+        # channels contribute nothing): the policy stamp advances for them too.
+        scope_changed = False
         for key, value in changes.items():
             if key in ("name", "about", "topic", "purpose"):
                 if key == "name" and not value.strip():
@@ -317,7 +321,7 @@ def channel_edit(
                     raise ChannelError("invalid: visibility must be open or private")
                 if channel.type == ChannelType.DM and value != Visibility.PRIVATE:
                     raise ChannelError("invalid: a DM is always private")
-                access_changed = access_changed or value != channel.visibility
+                access_changed_now = access_changed_now or value != channel.visibility
                 channel.visibility = value
             elif key == "archived":
                 if value not in ("true", "false"):
@@ -326,8 +330,10 @@ def channel_edit(
             elif key == "listed":
                 if value not in ("true", "false"):
                     raise ChannelError("invalid: listed must be true or false")
+                scope_changed = scope_changed or channel.listed != (value == "true")
                 channel.listed = value == "true"
             elif key == "ttl":
+                was_ttl = bool(channel.ttl_seconds)
                 if value in ("", "0"):
                     channel.ttl_seconds = None
                     channel.deadline = None
@@ -336,15 +342,18 @@ def channel_edit(
                     channel.deadline = timezone.now() + dt.timedelta(seconds=int(value))
                 else:
                     raise ChannelError("invalid: ttl must be a number of seconds")
-        if access_changed:
+                scope_changed = scope_changed or was_ttl != bool(channel.ttl_seconds)
+        if access_changed_now:
             channel.access_changed_at = ClockTimestamp()  # the database's clock, as every access change
         channel.save()
-        if access_changed:
+        if access_changed_now:
             channel.refresh_from_db(fields=["access_changed_at"])
+        if access_changed_now or scope_changed:
+            access_changed(community.pk)
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
-        if access_changed:
+        if access_changed_now:
             _signal_access(channel, signals.WHY_VISIBILITY)
     return channel
 
@@ -359,6 +368,7 @@ def channel_delete(
             raise ChannelError("restricted: only an owner deletes a channel")
         channel.deleted_at = ClockTimestamp()  # the database's clock, as every access change
         channel.save(update_fields=["deleted_at"])
+        access_changed(community.pk)
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)

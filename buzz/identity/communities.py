@@ -14,6 +14,7 @@ from typing import Final
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from buzz.access.changes import access_changed
 from buzz.live import signals
 from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
 from buzz.nostr import Signer
@@ -110,7 +111,12 @@ def member_add(*, community: Community, pubkey: str, role: str = RelayRole.MEMBE
     check_pubkey(pubkey)
     if role not in RelayRole.values:
         raise ValidationError(f"role must be one of {', '.join(RelayRole.values)}")
-    member, created = RelayMember.objects.update_or_create(community=community, pubkey=pubkey, defaults={"role": role})
+    with transaction.atomic():
+        member, created = RelayMember.objects.update_or_create(
+            community=community, pubkey=pubkey, defaults={"role": role}
+        )
+        if created and community.admission != AdmissionMode.OPEN:
+            access_changed(community.pk)  # admitted (again) to a members-only community
     return member, created
 
 
@@ -125,6 +131,7 @@ def member_remove(*, community: Community, pubkey: str) -> bool:
         deleted, _ = RelayMember.objects.filter(community=community, pubkey=pubkey).delete()
         if deleted:
             signals.publish_standing_on_commit(community.pk, pubkey, signals.WHY_RELAY_MEMBER)
+            access_changed(community.pk)
     return bool(deleted)
 
 

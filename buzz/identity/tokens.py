@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from buzz.access.changes import access_changed
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, check_pubkey
 from buzz.live import signals
@@ -82,6 +83,7 @@ def token_revoke(*, token_id: int) -> ApiToken:
             row.revoked_at = timezone.now()
             row.save(update_fields=["revoked_at"])
             signals.publish_standing_on_commit(row.community_id, row.pubkey, signals.WHY_TOKEN_REVOKED, token=row.pk)
+            access_changed(row.community_id)
     return row
 
 

@@ -1,0 +1,716 @@
+"""NIP-AR incremental reads: POST /query {"artifact": "incremental", "query": {...}} (artifacts.incremental).
+
+A client keeps an eventually consistent local store of one current-view query. A pass is a run of
+pages under one database start time (startedAt): the initial pass pages through the current heads
+that existed at that time; a later pass (a checkpoint) pages through what changed from the previous
+start minus the 120 s overlap through its own start, inclusive. Every page is ordered by
+(change timestamp, source, stable identity):
+
+  source 0  membership removals of this reader          -> removeChannel (when it cost read access)
+  source 1  head changes (Artifact.changed_at)            -> upsert or remove
+  source 2  this reader's grants (Membership.joined_at)   -> upsert of each current head in the channel
+  source 3  move-source records (MoveRemoval.accepted_at) -> upsert or remove
+
+Every candidate is answered from the current state at the time of the page read (readable,
+permanent channel, live, matching), never from the change itself, so a replay gives the same answer
+and the order between candidates of one artifact never matters. All four stamps are database
+clock_timestamp() values.
+
+Cursors and checkpoints are django.core.signing tokens (HMAC-SHA256 with BUZZ_INCREMENTAL_SIGNING_KEY,
+each kind with its own salt). They bind the community, a digest of the reader (pubkey and token), a
+digest of the exact query, the community's policy stamp and the pass's start time; a cursor also the
+window's start and the last page position. Nothing is kept on the server. Relevant access changes
+advance the policy stamp in their own transaction (buzz.access.changes): a token minted before one is
+answered 409 incremental_reset, reason policy_changed.
+
+Bounds: at most four operations at a time per process, each within an eight-second budget whose
+statements each get at most two seconds; pages shrink to the response byte bound, and one result
+larger than it is 413. A failure never returns a cursor or a checkpoint: no progress advances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+from django.conf import settings
+from django.core import signing
+from django.db import connection
+from psycopg import AsyncConnection
+
+from artifacts.query import ArtifactQuery, QueryError, parse_query
+from artifacts.selectors import HEAD_JOIN, current_where
+from buzz.access.policy import Denied, check_reader, decide_read, load_access_many, readable_channels
+from buzz.identity.actor import Actor
+from buzz.runtime import runtime
+
+VERSION: Final = 1
+OVERLAP_SECONDS: Final = 120
+CHECKPOINT_LIFETIME_SECONDS: Final = 30 * 86400
+CURRENT_ROWS: Final = 100
+MAX_ID_BYTES: Final = 256
+MAX_CONCURRENT: Final = 4
+STATEMENT_BUDGET_MS: Final = 2000
+OPERATION_BUDGET_SECONDS: Final = 8.0
+# A token longer than this is not one of ours (ours are a few hundred characters).
+MAX_TOKEN_CHARS: Final = 2048
+# Room in a page for everything but its changes: the envelope, startedAt and a cursor or checkpoint.
+_ENVELOPE_BYTES: Final = 2 * MAX_TOKEN_CHARS + 256
+
+_SALTS: Final = {
+    "cursor": "buzz.artifacts.incremental.cursor.v1",
+    "checkpoint": "buzz.artifacts.incremental.checkpoint.v1",
+}
+_REQUEST_KEYS: Final = frozenset({"artifact", "query", "checkpoint", "cursor", "action", "artifactIds"})
+
+# Sources, in their order within one timestamp.
+SRC_REMOVAL, SRC_HEAD, SRC_GRANT, SRC_MOVE = 0, 1, 2, 3
+
+
+def enabled() -> bool:
+    return bool(settings.BUZZ_INCREMENTAL["enabled"])
+
+
+def page_rows() -> int:
+    return int(settings.BUZZ_INCREMENTAL["page_rows"])
+
+
+def response_bytes() -> int:
+    return int(settings.BUZZ_INCREMENTAL["response_bytes"])
+
+
+def nip11() -> dict[str, Any]:
+    """NIP-11 `artifacts.incremental`, exactly the spec's object (with the configured page and byte bounds)."""
+    return {
+        "version": VERSION,
+        "overlapSeconds": OVERLAP_SECONDS,
+        "pageRows": page_rows(),
+        "currentRows": CURRENT_ROWS,
+        "responseBytes": response_bytes(),
+        "permanentChannelsOnly": True,
+        "checkpointLifetimeSeconds": CHECKPOINT_LIFETIME_SECONDS,
+    }
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class IncrementalError(Exception):
+    """An answer that is not a page: HTTP `status` with {"error": code, "reason": reason, "message": message}."""
+
+    def __init__(self, status: int, code: str, reason: str | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "reason": self.reason, "message": self.message}
+
+
+def invalid(message: str, reason: str = "request") -> IncrementalError:
+    return IncrementalError(400, "incremental_invalid", reason, message)
+
+
+def unavailable(message: str, reason: str) -> IncrementalError:
+    return IncrementalError(503, "incremental_unavailable", reason, message)
+
+
+POLICY_CHANGED: Final = "policy_changed"
+CHECKPOINT_EXPIRED: Final = "checkpoint_expired"
+
+
+def reset(reason: str) -> IncrementalError:
+    # Never names a channel: the stamp is the whole community's.
+    text = {
+        POLICY_CHANGED: "access in this community changed since this token was issued; run a new initial read",
+        CHECKPOINT_EXPIRED: "this checkpoint is older than 30 days; run a new initial read",
+    }[reason]
+    return IncrementalError(409, "incremental_reset", reason, text)
+
+
+# --- the request ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    query: ArtifactQuery
+    digest: str  # of the exact query
+    checkpoint: str | None = None
+    cursor: str | None = None
+    ids: tuple[str, ...] | None = None  # a current-ID read
+
+
+def looks_incremental(body: bytes) -> bool:
+    """Is this /query body an incremental filter? (Cheap: most bodies don't mention the word.)"""
+    if b"incremental" not in body:
+        return False
+    try:
+        decoded = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return (
+        isinstance(decoded, list)
+        and len(decoded) == 1
+        and isinstance(decoded[0], dict)
+        and decoded[0].get("artifact") == "incremental"
+    )
+
+
+def query_digest(raw: dict[str, Any]) -> str:
+    """A fixed-size digest of the exact query (its JSON with sorted keys, UTF-8)."""
+    text = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(b"nip-ar-incremental-query\0" + text.encode("utf-8")).hexdigest()
+
+
+def _utf8_size(value: str) -> int | None:
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def parse_request(decoded: Any) -> Request:
+    """The one filter of an incremental /query body. Raises IncrementalError (400 incremental_invalid)."""
+    if not isinstance(decoded, list) or len(decoded) != 1 or not isinstance(decoded[0], dict):
+        raise invalid("the body must be a JSON array with exactly one filter")
+    raw = decoded[0]
+    unknown = [k for k in raw if k not in _REQUEST_KEYS]
+    if unknown:
+        raise invalid(f"unsupported key {str(unknown[0])[:64]!r}")
+    if raw.get("artifact") != "incremental":
+        raise invalid('the filter needs "artifact": "incremental"')
+    q = raw.get("query")
+    if not isinstance(q, dict) or q.get("artifact") != "current":
+        raise invalid('query must be a current-view filter ({"artifact": "current", ...})')
+    try:
+        query = parse_query(q)
+    except QueryError as err:
+        raise invalid(f"query: {err.reason}") from None
+    if query.paged:
+        raise invalid("query takes no limit or offset: the relay pages an incremental read")
+    digest = query_digest(q)
+    checkpoint, cursor = raw.get("checkpoint"), raw.get("cursor")
+    for name, token in (("checkpoint", checkpoint), ("cursor", cursor)):
+        if token is not None and (not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS):
+            raise invalid(f"{name} must be the opaque string the relay returned", reason="token")
+    if "action" in raw:
+        if raw["action"] != "current":
+            raise invalid('action must be "current"')
+        if checkpoint is not None or cursor is not None:
+            raise invalid("a current-ID read takes no checkpoint or cursor")
+        return Request(query=query, digest=digest, ids=_parse_ids(raw.get("artifactIds")))
+    if "artifactIds" in raw:
+        raise invalid('artifactIds needs "action": "current"')
+    if checkpoint is not None and cursor is not None:
+        raise invalid("send a checkpoint (a later read) or a cursor (a continuation), not both")
+    return Request(query=query, digest=digest, checkpoint=checkpoint, cursor=cursor)
+
+
+def _parse_ids(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not 1 <= len(value) <= CURRENT_ROWS:
+        raise invalid(f"artifactIds must be an array of 1 to {CURRENT_ROWS} strings")
+    seen: set[str] = set()
+    for v in value:
+        if not isinstance(v, str) or not v:
+            raise invalid("artifactIds must be nonempty strings")
+        size = _utf8_size(v)
+        if size is None or size > MAX_ID_BYTES or "\x00" in v:
+            raise invalid(f"each artifactId is at most {MAX_ID_BYTES} UTF-8 bytes of text")
+        if v in seen:
+            raise invalid("artifactIds must be unique")
+        seen.add(v)
+    return tuple(value)
+
+
+def canonical_uuid(value: str) -> uuid.UUID | None:
+    """An artifact id as tags spell it (lowercase, hyphenated), else None."""
+    if len(value) != 36:
+        return None
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        return None
+    return parsed if str(parsed) == value else None
+
+
+# --- tokens -----------------------------------------------------------------------------------
+
+
+def _key() -> str:
+    return str(settings.BUZZ_INCREMENTAL["signing_key"])
+
+
+def reader_digest(actor: Actor) -> str:
+    """Who reads: the pubkey and the credential (a token limits channels and scopes; NIP-98 is None)."""
+    text = f"{actor.community.id}\0{actor.pubkey}\0{actor.token_id if actor.token_id is not None else ''}"
+    return hashlib.sha256(b"nip-ar-incremental-reader\0" + text.encode()).hexdigest()[:32]
+
+
+def sign_token(kind: str, payload: dict[str, Any]) -> str:
+    return signing.dumps(payload, key=_key(), salt=_SALTS[kind], compress=True)
+
+
+def open_token(kind: str, token: str) -> dict[str, Any]:
+    """The payload of a token this relay (any instance sharing the key) signed as `kind`. Raises 400."""
+    try:
+        payload = signing.loads(token, key=_key(), salt=_SALTS[kind])
+    except (signing.BadSignature, ValueError, UnicodeDecodeError):
+        raise invalid(f"this {kind} was not issued by this relay, or was altered", reason="token") from None
+    if not isinstance(payload, dict) or payload.get("v") != VERSION:
+        raise invalid(f"this {kind} was not issued by this relay, or was altered", reason="token")
+    return payload
+
+
+def micros(t: dt.datetime) -> int:
+    delta = t - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(us: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)
+
+
+def rfc3339(t: dt.datetime) -> str:
+    """RFC 3339 in UTC with microseconds: 2026-10-21T12:00:00.123456Z."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    ts: int  # microseconds
+    src: int
+    ident: str
+
+    def as_list(self) -> list[Any]:
+        return [self.ts, self.src, self.ident]
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One pass: its start (the database clock when it began), the window start (None: an initial read),
+    the policy stamp it runs under, and where its next page begins (None: the first page)."""
+
+    start: int
+    since: int | None
+    stamp: int
+    after: Position | None = None
+
+
+def _bound(payload: dict[str, Any], actor: Actor, request: Request) -> None:
+    if payload.get("c") != actor.community.id or payload.get("r") != reader_digest(actor):
+        raise invalid("this token was issued to another reader", reason="token")
+    if payload.get("q") != request.digest:
+        raise invalid("this token was issued for another query", reason="token")
+
+
+def _int(payload: dict[str, Any], key: str) -> int:
+    value = payload.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid("malformed token", reason="token")
+    return value
+
+
+def _optional_int(payload: dict[str, Any], key: str) -> int | None:
+    return None if payload.get(key) is None else _int(payload, key)
+
+
+def mint_checkpoint(actor: Actor, request: Request, *, stamp: int, start: int) -> str:
+    return sign_token(
+        "checkpoint",
+        {"v": VERSION, "c": actor.community.id, "r": reader_digest(actor), "q": request.digest, "p": stamp, "s": start},
+    )
+
+
+def _mint_cursor(actor: Actor, request: Request, run: Pass, at: Position) -> str:
+    return sign_token(
+        "cursor",
+        {
+            "v": VERSION,
+            "c": actor.community.id,
+            "r": reader_digest(actor),
+            "q": request.digest,
+            "p": run.stamp,
+            "s": run.start,
+            "f": run.since,
+            "k": at.as_list(),
+        },
+    )
+
+
+def resume(actor: Actor, request: Request, *, now: dt.datetime, stamp: int) -> Pass:
+    """The pass this request continues or starts, checked against the current policy stamp and the clock.
+    Pure (given the database's now and stamp). Raises IncrementalError."""
+    now_us = micros(now)
+    lifetime_us = CHECKPOINT_LIFETIME_SECONDS * 1_000_000
+    if request.cursor is not None:
+        payload = open_token("cursor", request.cursor)
+        _bound(payload, actor, request)
+        start = _int(payload, "s")
+        since = _optional_int(payload, "f")
+        key = payload.get("k")
+        if (
+            not isinstance(key, list)
+            or len(key) != 3
+            or not isinstance(key[0], int)
+            or not isinstance(key[1], int)
+            or not isinstance(key[2], str)
+        ):
+            raise invalid("malformed cursor", reason="token")
+        if payload.get("p") != stamp:
+            raise reset(POLICY_CHANGED)
+        if since is not None and now_us - since > lifetime_us:
+            raise reset(CHECKPOINT_EXPIRED)
+        return Pass(start=start, since=since, stamp=stamp, after=Position(key[0], key[1], key[2]))
+    if request.checkpoint is not None:
+        payload = open_token("checkpoint", request.checkpoint)
+        _bound(payload, actor, request)
+        saved = _int(payload, "s")
+        if payload.get("p") != stamp:
+            raise reset(POLICY_CHANGED)
+        if now_us - saved > lifetime_us:
+            raise reset(CHECKPOINT_EXPIRED)
+        return Pass(start=now_us, since=saved, stamp=stamp)
+    return Pass(start=now_us, since=None, stamp=stamp)
+
+
+# --- the policy stamp -------------------------------------------------------------------------
+
+_ADVANCE_STAMP = """
+INSERT INTO artifacts_policystamp (community_id, stamp, changed_at) VALUES (%s, 1, clock_timestamp())
+ON CONFLICT (community_id) DO UPDATE SET stamp = artifacts_policystamp.stamp + 1, changed_at = clock_timestamp()
+"""
+
+
+def advance_policy_stamp(community_id: int) -> None:
+    """Advance the community's policy stamp: every incremental-read token issued before is refused (409
+    policy_changed) once this commits. Runs in the caller's transaction (Django's connection): access
+    changes call it through buzz.access.changes; a moderation policy reset calls it directly."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ADVANCE_STAMP, [community_id])
+
+
+async def advance_policy_stamp_async(conn: AsyncConnection[Any], community_id: int) -> None:
+    """The same, on a psycopg connection of the runtime's pool, in its current transaction."""
+    await conn.execute(_ADVANCE_STAMP, (community_id,))
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+_active = 0
+
+
+@contextlib.asynccontextmanager
+async def _slot() -> AsyncIterator[None]:
+    """One of MAX_CONCURRENT operations of this process; past them, 503 at once (nothing queues)."""
+    global _active
+    if _active >= MAX_CONCURRENT:
+        raise unavailable(f"at most {MAX_CONCURRENT} incremental reads run at once here; retry", "concurrency")
+    _active += 1
+    try:
+        yield
+    finally:
+        _active -= 1
+
+
+@contextlib.asynccontextmanager
+async def operation(deadline: float) -> AsyncIterator[None]:
+    """A slot, the operation budget up to `deadline` (loop time), and the answers for every failure."""
+    async with _slot():
+        budget = asyncio.timeout_at(deadline)
+        try:
+            async with budget:
+                yield
+        except TimeoutError:
+            if not budget.expired():
+                raise unavailable("the database is busy; retry", "database") from None
+            raise unavailable(
+                f"the read exceeded its {OPERATION_BUDGET_SECONDS:g} s budget; retry", "operation_budget"
+            ) from None
+        except psycopg.errors.QueryCanceled:
+            raise unavailable(
+                f"a statement exceeded its {STATEMENT_BUDGET_MS} ms budget; retry or narrow the query",
+                "statement_budget",
+            ) from None
+        except (psycopg_pool.PoolTimeout, psycopg.Error):
+            raise unavailable("the database is unavailable; retry", "database") from None
+
+
+def _statement_ms(deadline: float) -> int:
+    left = int((deadline - asyncio.get_running_loop().time()) * 1000)
+    return max(1, min(STATEMENT_BUDGET_MS, left))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    conn: AsyncConnection[Any]
+    now: dt.datetime  # the database clock
+    stamp: int  # the community's policy stamp
+    ttl: frozenset[uuid.UUID]  # the community's TTL channels
+
+
+@contextlib.asynccontextmanager
+async def _transaction(deadline: float, community_id: int) -> AsyncIterator[Snapshot]:
+    """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
+    policy stamp and the TTL channels read, in one round trip."""
+    pool = await runtime.pool()
+    async with pool.connection() as conn, conn.transaction():
+        community = int(community_id)
+        cursor = await conn.execute(
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # noqa: S608 - integers only
+            f" SET LOCAL statement_timeout = {_statement_ms(deadline)};"
+            " SET LOCAL plan_cache_mode = force_custom_plan;"
+            " SELECT clock_timestamp(),"
+            f" (SELECT stamp FROM artifacts_policystamp WHERE community_id = {community}),"
+            f" ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = {community} AND ttl_seconds IS NOT NULL)"
+        )
+        while cursor.nextset():
+            pass
+        row = await cursor.fetchone()
+        if row is None:
+            raise unavailable("the database did not answer; retry", "database")
+        yield Snapshot(conn, row[0], int(row[1] or 0), frozenset(row[2]))
+
+
+async def scope(
+    actor: Actor, query: ArtifactQuery, conn: AsyncConnection[Any], ttl: frozenset[uuid.UUID]
+) -> list[uuid.UUID]:
+    """The permanent channels this read covers, sorted (the policy decides readability).
+
+    Without #h: what an ordinary read covers (joined or listed readable channels). With #h: the named
+    channels the reader can read now; one it can't read is left out, not refused, so a pass after a
+    removal can still report it (removeChannel) and the answer is the same for missing channels.
+    TTL channels contribute nothing. Raises Denied for the reader's standing (ban, admission, token).
+    """
+    standing = await check_reader(actor, conn=conn)
+    if not standing.ok:
+        raise Denied(standing.reason)
+    named = query.channels()
+    if named is None:
+        readable = await readable_channels(actor, conn=conn)
+    elif named:
+        facts = await load_access_many(actor, named, conn=conn)
+        readable = [c for c in named if decide_read(actor, c, facts[c]).ok]
+    else:
+        readable = []
+    return sorted(c for c in readable if c not in ttl)
+
+
+def _upsert(d: uuid.UUID | str, raw: str) -> str:
+    return f'{{"type":"upsert","artifactId":"{d}","event":{raw}}}'
+
+
+def _remove(d: uuid.UUID | str) -> str:
+    return json.dumps({"type": "remove", "artifactId": str(d)}, separators=(",", ":"))
+
+
+def _remove_channel(channel: uuid.UUID) -> str:
+    return f'{{"type":"removeChannel","channelId":"{channel}"}}'
+
+
+def _after(column_ts: str, column_ident: str, src: int, after: Position | None, args: list[Any]) -> str:
+    """The keyset condition of one source's rows: after `after` in (ts, src, ident) order."""
+    if after is None:
+        return ""
+    if src > after.src:
+        args.append(from_micros(after.ts))
+        return f" AND {column_ts} >= %s"
+    if src < after.src:
+        args.append(from_micros(after.ts))
+        return f" AND {column_ts} > %s"
+    args.extend([from_micros(after.ts), after.ident])
+    return f" AND ({column_ts}, {column_ident}) > (%s, %s)"
+
+
+def _initial_sql(
+    actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID], run: Pass, n: int
+) -> tuple[str, list[Any]]:
+    where, args = current_where(actor, query, channels)
+    args.append(from_micros(run.start))
+    keyset = ""
+    if run.after is not None:
+        keyset = " AND (a.changed_at, a.d) > (%s, %s::uuid)"
+        args.extend([from_micros(run.after.ts), run.after.ident])
+    sql = (
+        f"SELECT a.changed_at, {SRC_HEAD}, a.d::text, NULL::uuid, a.d, r.raw FROM {HEAD_JOIN}"  # noqa: S608
+        f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT %s"
+    )
+    args.append(n)
+    return sql, args
+
+
+def _later_sql(
+    actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID], run: Pass, since: int, n: int
+) -> tuple[str, list[Any]]:
+    lo = from_micros(since) - dt.timedelta(seconds=OVERLAP_SECONDS)
+    hi = from_micros(run.start)
+    community = actor.community.id
+    named = query.channels()
+    token_channels = None if actor.channels is None else sorted(uuid.UUID(c) for c in actor.channels)
+    after = run.after
+    args: list[Any] = []
+
+    args += [community, channels, lo, hi]
+    heads = (
+        f'(SELECT a.changed_at AS ts, {SRC_HEAD} AS src, a.d::text COLLATE "C" AS ident, a.id AS aid,'  # noqa: S608
+        " NULL::uuid AS chan FROM artifacts_artifact a"
+        " WHERE a.community_id = %s AND a.home = ANY(%s) AND a.changed_at >= %s AND a.changed_at <= %s"
+    )
+    if after is not None and after.src == SRC_HEAD:
+        heads += " AND (a.changed_at, a.d) > (%s, %s::uuid)"
+        args += [from_micros(after.ts), after.ident]
+    else:
+        heads += _after("a.changed_at", "", SRC_HEAD, after, args)
+    heads += " ORDER BY a.changed_at, a.d LIMIT %s)"
+    args.append(n)
+
+    args += [community, channels, lo, hi]
+    moves = (
+        f'(SELECT m.accepted_at, {SRC_MOVE}, a.d::text COLLATE "C", a.id, NULL::uuid'  # noqa: S608
+        " FROM artifacts_moveremoval m JOIN artifacts_artifact a ON a.id = m.artifact_id"
+        " WHERE m.community_id = %s AND m.source = ANY(%s) AND m.accepted_at >= %s AND m.accepted_at <= %s"
+    )
+    moves += _after("m.accepted_at", 'a.d::text COLLATE "C"', SRC_MOVE, after, args)
+    moves += " ORDER BY 1, 3 LIMIT %s)"
+    args.append(n)
+
+    args += [community, actor.pubkey, channels, lo, hi]
+    grant_ident = "(c.uuid::text || ' ' || a.d::text) COLLATE \"C\""
+    grants = (
+        f"(SELECT mb.joined_at, {SRC_GRANT}, {grant_ident}, a.id, NULL::uuid"  # noqa: S608
+        " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
+        " JOIN artifacts_artifact a ON a.community_id = c.community_id AND a.home = c.uuid"
+        " WHERE c.community_id = %s AND mb.pubkey = %s AND c.uuid = ANY(%s)"
+        " AND mb.joined_at >= %s AND mb.joined_at <= %s AND NOT a.deleted AND NOT a.retired"
+    )
+    grants += _after("mb.joined_at", grant_ident, SRC_GRANT, after, args)
+    grants += " ORDER BY 1, 3 LIMIT %s)"
+    args.append(n)
+
+    args += [community, actor.pubkey, lo, hi, channels, named, named, token_channels, token_channels]
+    removals = (
+        f'(SELECT mb.removed_at, {SRC_REMOVAL}, c.uuid::text COLLATE "C", NULL::bigint, c.uuid'  # noqa: S608
+        " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
+        " WHERE c.community_id = %s AND mb.pubkey = %s AND mb.removed_at >= %s AND mb.removed_at <= %s"
+        " AND c.ttl_seconds IS NULL AND NOT (c.uuid = ANY(%s))"
+        " AND (%s::uuid[] IS NULL OR c.uuid = ANY(%s::uuid[]))"
+        " AND (%s::uuid[] IS NULL OR c.uuid = ANY(%s::uuid[]))"
+    )
+    removals += _after("mb.removed_at", 'c.uuid::text COLLATE "C"', SRC_REMOVAL, after, args)
+    removals += " ORDER BY 1, 3 LIMIT %s)"
+    args.append(n)
+
+    visible, vargs = current_where(actor, query, channels)
+    args += vargs
+    args.append(n)
+    sql = (
+        f"WITH u AS ({heads} UNION ALL {moves} UNION ALL {grants} UNION ALL {removals})"  # noqa: S608
+        f" SELECT u.ts, u.src, u.ident, u.chan, a.d, CASE WHEN a.id IS NOT NULL AND {visible} THEN r.raw END"
+        " FROM u LEFT JOIN artifacts_artifact a ON a.id = u.aid"
+        " LEFT JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
+        ' ORDER BY u.ts, u.src, u.ident COLLATE "C" LIMIT %s'
+    )
+    return sql, args
+
+
+def _page_body(started: str, changes: list[str], next_cursor: str | None, checkpoint: str | None) -> str:
+    head = f'{{"version":{VERSION},"startedAt":"{started}","overlapSeconds":{OVERLAP_SECONDS},"changes":['
+    tail = f'],"nextCursor":{json.dumps(next_cursor)}'
+    if checkpoint is not None:
+        tail += f',"checkpoint":{json.dumps(checkpoint)}'
+    return head + ",".join(changes) + tail + "}"
+
+
+def _entry(src: int, chan: uuid.UUID | None, d: uuid.UUID | None, raw: str | None) -> str | None:
+    if src == SRC_REMOVAL and chan is not None:
+        return _remove_channel(chan)
+    if d is None:
+        return None
+    if raw is not None:
+        return _upsert(d, raw)
+    # A grant replays readable heads; one that doesn't match the query is nothing to this reader.
+    return None if src == SRC_GRANT else _remove(d)
+
+
+async def read_page(actor: Actor, request: Request, deadline: float) -> str:
+    """One page of a pass: the response body. Raises IncrementalError, Denied."""
+    n = page_rows()
+    bound = response_bytes()
+    async with _transaction(deadline, actor.community.id) as snap:
+        conn = snap.conn
+        run = resume(actor, request, now=snap.now, stamp=snap.stamp)
+        channels = await scope(actor, request.query, conn, snap.ttl)
+        if run.since is None:
+            rows: list[Any] = []
+            if channels:
+                sql, args = _initial_sql(actor, request.query, channels, run, n + 1)
+                rows = await (await conn.execute(sql, args)).fetchall()
+        else:
+            # With no readable channel there are no heads, grants or moves, but removals still count.
+            sql, args = _later_sql(actor, request.query, channels, run, run.since, n + 1)
+            rows = await (await conn.execute(sql, args)).fetchall()
+    changes: list[str] = []
+    size = _ENVELOPE_BYTES
+    last: Position | None = None
+    cut = len(rows) > n
+    for consumed, (ts, src, ident, chan, d, raw) in enumerate(rows[:n]):
+        entry = _entry(src, chan, d, raw)
+        if entry is not None:
+            grown = size + len(entry.encode("utf-8")) + 1
+            if grown > bound:
+                if consumed == 0:
+                    raise IncrementalError(
+                        413,
+                        "incremental_limit",
+                        "response_bytes",
+                        f"one result is larger than the {bound}-byte response bound",
+                    )
+                cut = True
+                break
+            size = grown
+            changes.append(entry)
+        last = Position(micros(ts), src, ident)
+    started = rfc3339(from_micros(run.start))
+    if cut and last is not None:
+        return _page_body(started, changes, _mint_cursor(actor, request, run, last), None)
+    return _page_body(started, changes, None, mint_checkpoint(actor, request, stamp=run.stamp, start=run.start))
+
+
+async def read_current(actor: Actor, request: Request, deadline: float) -> str:
+    """A current-ID read on the writer: exactly one upsert or remove per id, in request order, never cut."""
+    ids = request.ids or ()
+    parsed = [canonical_uuid(v) for v in ids]
+    wanted = [p for p in parsed if p is not None]
+    async with _transaction(deadline, actor.community.id) as snap:
+        conn, now = snap.conn, snap.now
+        channels = await scope(actor, request.query, conn, snap.ttl)
+        found: dict[uuid.UUID, str] = {}
+        if channels and wanted:
+            where, args = current_where(actor, request.query, channels)
+            sql = f"SELECT a.d, r.raw FROM {HEAD_JOIN} WHERE {where} AND a.d = ANY(%s)"  # noqa: S608
+            rows = await (await conn.execute(sql, [*args, wanted])).fetchall()
+            found = {row[0]: row[1] for row in rows}
+    changes = []
+    for value, d in zip(ids, parsed, strict=True):
+        raw = found.get(d) if d is not None else None
+        changes.append(_upsert(d, raw) if d is not None and raw is not None else _remove(value))
+    body = f'{{"version":{VERSION},"startedAt":"{rfc3339(now)}","changes":[' + ",".join(changes) + "]}"
+    if len(body.encode("utf-8")) > response_bytes():
+        raise IncrementalError(
+            413,
+            "incremental_limit",
+            "response_bytes",
+            f"the answer is larger than the {response_bytes()}-byte response bound; split the batch",
+        )
+    return body

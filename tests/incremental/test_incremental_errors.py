@@ -1,0 +1,259 @@
+"""Every incremental-read error, forced for real against a relay: invalid requests, tampered tokens,
+another reader's or another query's checkpoint, a policy change in the middle of a paged pass, an
+expired checkpoint (minted with an older clock), the per-process concurrency limit and the statement
+and operation budgets (a table held locked), and the response byte bound. No failure carries a cursor
+or a checkpoint, and a reset never names a channel."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from asgiref.sync import sync_to_async
+from django.core import signing
+
+from buzz.chat import bans, channels
+from buzz.nostr import Signer
+from tests.incremental.support import SIGNING_KEY, current_ids, env, incremental, post
+from tests.support.factories import make_channel, make_community, make_token, revision
+from tests.support.relay import RelayProcess, relay_database_url
+from tests.support.wire import accept, logged_in
+
+HOST = "incremental-errors.test"
+QUERY = {"artifact": "current", "#type": ["buzz.task"]}
+pytestmark = pytest.mark.timeout(300)
+CHECKPOINT_SALT = "buzz.artifacts.incremental.checkpoint.v1"
+
+
+class World:
+    def __init__(self) -> None:
+        self.w, self.r, self.other = Signer.generate(), Signer.generate(), Signer.generate()
+        self.community = make_community(HOST, members=[self.w, self.r, self.other])
+        self.p1 = make_channel(self.community, self.w, visibility="private", members=[self.r, self.other])
+        self.secret = make_channel(self.community, self.w, visibility="private", name="secret-room")
+
+
+@pytest.fixture
+def world(transactional_db: None) -> World:
+    return World()
+
+
+async def _create(relay: RelayProcess, world: World, n: int, content: str | None = None) -> list[str]:
+    ds = []
+    async with logged_in(relay, world.w, host=HOST) as client:
+        for _ in range(n):
+            d = str(uuid.uuid4())
+            await accept(client, revision(world.w, d=d, h=world.p1, content=content))
+            ds.append(d)
+    return ds
+
+
+def _no_progress(body: dict[str, Any]) -> None:
+    assert set(body) == {"error", "reason", "message"}, body
+    assert "nextCursor" not in body and "checkpoint" not in body
+
+
+async def _checkpoint(relay: RelayProcess, who: Signer | str, query: dict[str, Any] = QUERY) -> str:
+    body: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    while True:
+        status, body = await post(relay, HOST, who, incremental(query, **extra))
+        assert status == 200, body
+        if body["nextCursor"] is None:
+            return str(body["checkpoint"])
+        extra = {"cursor": body["nextCursor"]}
+
+
+@pytest.mark.parametrize(
+    "filt",
+    [
+        {"artifact": "incremental"},
+        {"artifact": "incremental", "query": {"artifact": "history"}},
+        {"artifact": "incremental", "query": {**QUERY, "limit": 5}},
+        {"artifact": "incremental", "query": QUERY, "extra": 1},
+        {"artifact": "incremental", "query": QUERY, "checkpoint": "a", "cursor": "b"},
+        {"artifact": "incremental", "query": QUERY, "checkpoint": 7},
+        {"artifact": "incremental", "action": "current", "query": QUERY, "artifactIds": []},
+        {"artifact": "incremental", "action": "current", "query": QUERY, "artifactIds": ["a"] * 2},
+        {"artifact": "incremental", "action": "current", "query": QUERY, "artifactIds": [str(i) for i in range(101)]},
+        {"artifact": "incremental", "action": "current", "query": QUERY, "artifactIds": [""]},
+        {"artifact": "incremental", "action": "current", "query": QUERY, "artifactIds": ["é" * 129]},
+        {"artifact": "incremental", "action": "current", "query": QUERY, "artifactIds": [1]},
+        {"artifact": "incremental", "action": "later", "query": QUERY, "artifactIds": ["a"]},
+        {"artifact": "incremental", "action": "current", "query": QUERY, "artifactIds": ["a"], "cursor": "x"},
+    ],
+)
+async def test_invalid_requests_are_400_incremental_invalid(
+    world: World, relay_factory: Any, filt: dict[str, Any]
+) -> None:
+    relay = relay_factory(**env())
+    status, body = await post(relay, HOST, world.r, [filt])
+    assert status == 400 and body["error"] == "incremental_invalid", body
+    _no_progress(body)
+
+
+async def test_the_id_bounds_are_inclusive(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env())
+    ids = [str(uuid.uuid4()) for _ in range(99)] + ["é" * 128]  # 100 ids, one of exactly 256 bytes
+    status, body = await post(relay, HOST, world.r, current_ids(QUERY, ids))
+    assert status == 200 and [c["type"] for c in body["changes"]] == ["remove"] * 100
+
+
+async def test_tampered_tokens_other_readers_and_other_queries_are_400(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env(BUZZ_INCREMENTAL_PAGE_ROWS="2"))
+    await _create(relay, world, 5)
+    status, first = await post(relay, HOST, world.r, incremental(QUERY))
+    assert status == 200 and first["nextCursor"]
+    cursor = first["nextCursor"]
+    checkpoint = await _checkpoint(relay, world.r)
+    tampered: list[tuple[dict[str, Any], Signer | str, dict[str, Any]]] = [
+        ({"cursor": cursor[:-2] + ("AA" if cursor[-2:] != "AA" else "BB")}, world.r, QUERY),
+        ({"checkpoint": checkpoint[:10] + ("x" if checkpoint[10] != "x" else "y") + checkpoint[11:]}, world.r, QUERY),
+        ({"checkpoint": cursor}, world.r, QUERY),  # a cursor is no checkpoint (each kind has its own salt)
+        ({"cursor": checkpoint}, world.r, QUERY),
+        ({"checkpoint": checkpoint}, world.other, QUERY),  # another reader
+        ({"cursor": cursor}, world.other, QUERY),
+        ({"checkpoint": checkpoint}, world.r, {**QUERY, "#type": ["buzz.note"]}),  # another query
+        ({"cursor": cursor}, world.r, {"#type": ["buzz.task"], "artifact": "current", "#h": [str(world.p1)]}),
+    ]
+    token = await sync_to_async(make_token)(world.community, world.r)
+    tampered.append(({"checkpoint": checkpoint}, token, QUERY))  # the same pubkey with a token is another reader
+    for extra, who, query in tampered:
+        status, body = await post(relay, HOST, who, incremental(query, **extra))
+        assert status == 400 and body["error"] == "incremental_invalid" and body["reason"] == "token", (extra, body)
+        _no_progress(body)
+    # A token signed with another key (another deployment) is refused the same way.
+    other = relay_factory(**env(BUZZ_INCREMENTAL_SIGNING_KEY="another-key-" + "k" * 40))
+    status, body = await post(other, HOST, world.r, incremental(QUERY, checkpoint=checkpoint))
+    assert status == 400 and body["error"] == "incremental_invalid"
+    # The originals still work.
+    status, _ = await post(relay, HOST, world.r, incremental(QUERY, cursor=cursor))
+    assert status == 200
+    status, _ = await post(relay, HOST, world.r, incremental(QUERY, checkpoint=checkpoint))
+    assert status == 200
+
+
+@pytest.mark.parametrize("change", ["visibility of an empty channel", "ban of another member", "channel deletion"])
+async def test_a_policy_change_mid_pass_is_409_policy_changed(world: World, relay_factory: Any, change: str) -> None:
+    relay = relay_factory(**env(BUZZ_INCREMENTAL_PAGE_ROWS="2"))
+    await _create(relay, world, 5)
+    checkpoint = await _checkpoint(relay, world.r)
+    status, first = await post(relay, HOST, world.r, incremental(QUERY))
+    assert status == 200 and first["nextCursor"]
+    if change.startswith("visibility"):
+        await sync_to_async(channels.channel_edit)(
+            community=world.community, channel_uuid=world.secret, actor=None, changes={"visibility": "open"}
+        )
+    elif change.startswith("ban"):
+        await sync_to_async(bans.ban_add)(community=world.community, pubkey=world.other.pubkey)
+    else:
+        await sync_to_async(channels.channel_delete)(community=world.community, channel_uuid=world.secret, actor=None)
+    for extra in ({"cursor": first["nextCursor"]}, {"checkpoint": checkpoint}):
+        status, body = await post(relay, HOST, world.r, incremental(QUERY, **extra))
+        assert status == 409, body
+        assert body["error"] == "incremental_reset" and body["reason"] == "policy_changed"
+        assert str(world.secret) not in body["message"] and "secret-room" not in body["message"]
+        _no_progress(body)
+    # Recovery: a new initial read works.
+    assert await _checkpoint(relay, world.r)
+
+
+async def test_membership_changes_and_artifact_writes_do_not_reset(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env())
+    checkpoint = await _checkpoint(relay, world.r)
+    await _create(relay, world, 2)
+    await sync_to_async(channels.member_remove)(
+        community=world.community, channel_uuid=world.p1, actor=None, pubkey=world.other.pubkey
+    )
+    status, body = await post(relay, HOST, world.r, incremental(QUERY, checkpoint=checkpoint))
+    assert status == 200, body
+
+
+def _resigned(checkpoint: str, *, days_older: float) -> str:
+    """The same checkpoint as if its pass had started `days_older` days earlier (an injected clock)."""
+    payload = signing.loads(checkpoint, key=SIGNING_KEY, salt=CHECKPOINT_SALT)
+    payload["s"] -= int(dt.timedelta(days=days_older).total_seconds() * 1_000_000)
+    return signing.dumps(payload, key=SIGNING_KEY, salt=CHECKPOINT_SALT, compress=True)
+
+
+async def test_a_checkpoint_older_than_30_days_is_409_checkpoint_expired(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env())
+    checkpoint = await _checkpoint(relay, world.r)
+    status, body = await post(
+        relay, HOST, world.r, incremental(QUERY, checkpoint=_resigned(checkpoint, days_older=29.9))
+    )
+    assert status == 200, body
+    status, body = await post(
+        relay, HOST, world.r, incremental(QUERY, checkpoint=_resigned(checkpoint, days_older=30.01))
+    )
+    assert status == 409 and body["error"] == "incremental_reset" and body["reason"] == "checkpoint_expired", body
+    _no_progress(body)
+
+
+async def test_pages_shrink_to_the_byte_bound_and_one_oversized_result_is_413(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env(BUZZ_INCREMENTAL_RESPONSE_BYTES="16000"))
+    small = await _create(relay, world, 6, content='{"pad": "' + "x" * 3000 + '"}')
+    seen: list[str] = []
+    extra: dict[str, Any] = {}
+    pages = 0
+    while True:
+        status, raw = await post(relay, HOST, world.r, incremental(QUERY, **extra))
+        assert status == 200, raw
+        pages += 1
+        assert len(raw["changes"]) < 6
+        seen.extend(c["artifactId"] for c in raw["changes"])
+        if raw["nextCursor"] is None:
+            checkpoint = raw["checkpoint"]
+            break
+        extra = {"cursor": raw["nextCursor"]}
+    assert sorted(seen) == sorted(small) and pages >= 2
+    [big] = await _create(relay, world, 1, content='{"pad": "' + "x" * 20000 + '"}')
+    # Each pass pages up to the big one (the pages before it are fine), which no page can hold.
+    for start in (incremental(QUERY, checkpoint=checkpoint), incremental(QUERY)):
+        body = start
+        while True:
+            status, failed = await post(relay, HOST, world.r, body)
+            if status != 200:
+                break
+            assert failed["nextCursor"] is not None, "a pass that holds the big result can't complete"
+            body = incremental(QUERY, cursor=failed["nextCursor"])
+        assert status == 413 and failed["error"] == "incremental_limit", failed
+        _no_progress(failed)
+    status, failed = await post(relay, HOST, world.r, current_ids(QUERY, [big, *small[:1]]))
+    assert status == 413 and failed["error"] == "incremental_limit", failed
+    _no_progress(failed)
+    status, ok = await post(relay, HOST, world.r, current_ids(QUERY, small[:2]))
+    assert status == 200 and [c["type"] for c in ok["changes"]] == ["upsert", "upsert"]
+
+
+async def test_the_concurrency_limit_and_the_statement_budget_are_503(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env())
+    await _create(relay, world, 1)
+    # Hold the artifact table: each read that gets a slot waits on it until its 2 s statement budget ends.
+    with psycopg.connect(relay_database_url(), autocommit=False) as lock:
+        lock.execute("LOCK TABLE artifacts_artifact IN ACCESS EXCLUSIVE MODE")
+        answers = await asyncio.gather(*(post(relay, HOST, world.r, incremental(QUERY)) for _ in range(10)))
+        lock.rollback()
+    reasons = sorted(body["reason"] for _, body in answers)
+    assert all(status == 503 for status, _ in answers), answers
+    assert {body["error"] for _, body in answers} == {"incremental_unavailable"}
+    assert reasons.count("statement_budget") <= 4 and "concurrency" in reasons and "statement_budget" in reasons
+    for _, body in answers:
+        _no_progress(body)
+    status, body = await post(relay, HOST, world.r, incremental(QUERY))
+    assert status == 200, body
+
+
+async def test_the_operation_budget_is_503(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env())
+    # Authentication reads the relay members outside any statement budget: held, the 8 s operation ends.
+    with psycopg.connect(relay_database_url(), autocommit=False) as lock:
+        lock.execute("LOCK TABLE buzz_relaymember IN ACCESS EXCLUSIVE MODE")
+        status, body = await post(relay, HOST, world.r, incremental(QUERY))
+        lock.rollback()
+    assert status == 503 and body["error"] == "incremental_unavailable" and body["reason"] == "operation_budget", body
+    _no_progress(body)
