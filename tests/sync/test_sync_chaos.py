@@ -55,7 +55,10 @@ async def test_sync_chaos_has_no_silent_divergence(world: World, relay_factory: 
             while time.monotonic() < deadline:
                 for node in pick.sample(nodes, len(nodes)):
                     ids = await asyncio.to_thread(hub_connection_ids, client, node.pid)
-                    if ids and await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0])):
+                    if not ids:
+                        continue
+                    killed: int = await asyncio.to_thread(client.client_kill_filter, _id=str(ids[0]))
+                    if killed:
                         return True
                 await asyncio.sleep(0.05)
             return False
