@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from artifacts.models import Artifact, MoveRemoval, PolicyStamp, Revision
 from artifacts.redaction import Redaction, count_expirable, expire_batch
+from buzz.access.changes import access_changed
 from buzz.chat.channels import ChannelError, channel_delete, channel_edit
 from buzz.chat.removals import Removal, remove_event
 from buzz.live import signals
@@ -456,9 +457,9 @@ def reset_policy(community: Community, *, actor: str, reason: str) -> LifecycleP
     """Reset the community's access policy: advance its PolicyStamp (incremental-read tokens minted before are
     refused) and have every subscription of every channel re-check access, so every sync resyncs."""
     with transaction.atomic():
-        stamp, _ = PolicyStamp.objects.select_for_update().get_or_create(community=community)
-        stamp.stamp += 1
-        stamp.save(update_fields=["stamp", "changed_at"])
+        # The one place that advances the stamp (artifacts.incremental, through buzz.access.changes).
+        access_changed(community.pk)
+        stamp = PolicyStamp.objects.get(community=community)
         channels = list(
             Channel.objects.filter(community=community, deleted_at__isnull=True).values_list("uuid", flat=True)
         )
