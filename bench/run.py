@@ -176,6 +176,11 @@ register(
     'does the time of "head unavailable" tell an unreadable d from a missing one? median-of-11 accuracy vs 0.5',
     Step("artifact_timing.py", 600, lambda o: 0.0, takes_seconds=False),
 )
+register(
+    "req-page",
+    "REQ of 1000 rows on a 20,000-message channel vs one hand-written SQL statement",
+    Step("req_page.py", 300, lambda o: 60.0, label="req", takes_seconds=False),
+)
 
 
 def run_script(step: Step, args: Sequence[str], env: dict[str, str], timeout: float) -> dict[str, Any]:

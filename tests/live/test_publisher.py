@@ -27,7 +27,7 @@ from buzz.live.publisher import Publisher, PublisherFull, publish_blocking_on_co
 from buzz.live.signals import channel_topic
 from buzz.nostr import Signer
 from tests.live.redis_gate import redis_gate
-from tests.support.factories import make_channel, make_community, message, signers
+from tests.support.factories import make_channel, make_community, message, revision, signers
 from tests.support.records import stored
 from tests.support.wire import publish
 from tests.support.wsclient import RelayClient
@@ -301,6 +301,9 @@ async def test_a_relay_refuses_writes_with_error_while_its_signals_wait_and_publ
                 refused = message(writer, channel, content="refused")
                 assert (await publish(client, refused))[2:] == [False, PUBLISH_FAILED]
                 assert not await stored(refused["id"])
+                artifact = revision(writer, d=uuid.uuid4(), h=channel)  # the NIP-AR write path too
+                assert (await publish(client, artifact))[2:] == [False, PUBLISH_FAILED]
+                assert not await stored(artifact["id"])
                 await asyncio.sleep(1.0)
                 assert [m["event"]["id"] for _, m in rec.messages] == [first["id"]]
                 gate.open()

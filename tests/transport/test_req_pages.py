@@ -4,12 +4,14 @@ The plans are PostgreSQL's own (EXPLAIN ANALYZE) of the statements buzz.events.q
 channel of 20,000 messages and 5,000 artifact revisions beside 20,000 events in fifty others: no
 sequential scan, no sort of the channel's rows, and the walk stops at the page. The
 read slots bound the statements that run at once, per connection and per process
-(test_read_slots.py tests the object); here a relay with one slot still completes every REQ.
+(test_read_slots.py tests the object): PostgreSQL's pg_stat_activity never shows more of a
+relay's stored reads running than its slots, and a relay with one slot still completes every REQ.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +25,7 @@ from buzz.nostr import Signer
 from buzz.nostr.filters import Filter, parse_filter
 from tests.support.factories import make_channel, make_community
 from tests.support.wire import query
-from tests.support.wsclient import RelayClient
+from tests.support.wsclient import RelayClient, naming
 
 HOST = "pages.test"
 BIG = 20_000
@@ -159,3 +161,68 @@ async def test_reqs_beyond_the_read_slots_wait_and_all_complete(
         assert (await client.expect("COUNT"))[2] == {"count": 350}
         final, events = await query(client, "q", {"kinds": [9], "#h": [str(channel)], "limit": 5})
         assert final[0] == "EOSE" and len(events) == 5
+
+
+@pytest.fixture
+def slow_channel(transactional_db: None) -> tuple[Signer, uuid.UUID]:
+    reader = Signer.generate()
+    community = make_community("slow-reads.test", "Slow reads", members=[reader])
+    channel = make_channel(community, reader, name="c")
+    with connection.cursor() as cur:
+        args: dict[str, Any] = {
+            "seed": "r",
+            "community": community.pk,
+            "every": 10**9,
+            "n": BIG,
+            "channel": str(channel),
+        }
+        cur.execute(_FILL.format(channel="%(channel)s::uuid"), args)
+        cur.execute(_TAGS, {"community": community.pk})
+        cur.execute("ANALYZE buzz_storedevent")
+    return reader, channel
+
+
+def _running_reads(stop: threading.Event, seen: list[int]) -> None:
+    """Sample how many of the relay's stored reads PostgreSQL is running, until `stop`."""
+    import psycopg
+
+    from tests.support.relay import relay_database_url
+
+    with psycopg.connect(relay_database_url(), autocommit=True) as conn:
+        while not stop.is_set():
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'active'"
+                " AND query LIKE 'SELECT e.raw, e.id, e.created_at FROM buzz_storedevent e%%'"
+            ).fetchone()
+            seen.append(int(row[0]) if row else 0)
+
+
+async def test_postgresql_never_runs_more_of_a_relays_stored_reads_than_its_slots(
+    slow_channel: tuple[Signer, uuid.UUID], relay_factory: Any
+) -> None:
+    reader, channel = slow_channel
+    relay = relay_factory(BUZZ_READ_SLOTS="2", BUZZ_READS_PER_CONNECTION="2", BUZZ_DB_POOL_MAX="10")
+    # No event has a t tag: each REQ walks the channel's 20,000 rows testing it, tens of ms per statement.
+    slow = {"kinds": [9], "#h": [str(channel)], "#t": ["none"], "limit": 100}
+    seen: list[int] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_running_reads, args=(stop, seen))
+
+    async def client(n: int) -> None:
+        async with RelayClient.connect(relay.ws_url, host="slow-reads.test") as c:
+            assert (await c.auth(reader))[2] is True
+            subs = [f"r{n}-{i}" for i in range(6)]
+            for sub in subs:
+                await c.send_json(["REQ", sub, slow])
+            for sub in subs:
+                assert (await c.expect("EOSE", timeout=60, where=naming(sub)))[1] == sub
+
+    sampler.start()
+    try:
+        await asyncio.gather(*(client(n) for n in range(4)))
+    finally:
+        stop.set()
+        sampler.join(10)
+    # The sampler saw the reads run (unbounded, the same load shows 10 at once: the pool's size), never more
+    # than the slots.
+    assert 1 <= max(seen) <= 2, f"{max(seen)} stored reads at once, in {len(seen)} samples"
