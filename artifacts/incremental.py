@@ -50,7 +50,7 @@ from psycopg import AsyncConnection
 
 from artifacts.query import ArtifactQuery, QueryError, parse_query
 from artifacts.selectors import HEAD_JOIN, current_where
-from buzz.access.policy import Denied, check_reader, decide_read, load_access_many, readable_channels
+from buzz.access.policy import Denied, check_reader, decide_read, load_access_many, wide_scope
 from buzz.identity.actor import Actor
 from buzz.runtime import runtime
 
@@ -452,35 +452,56 @@ def _statement_ms(deadline: float) -> int:
     return max(1, min(STATEMENT_BUDGET_MS, left))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Snapshot:
     conn: AsyncConnection[Any]
     now: dt.datetime  # the database clock
     stamp: int  # the community's policy stamp
     ttl: frozenset[uuid.UUID]  # the community's TTL channels
+    finished: bool = False  # committed by `finish`
 
 
 @contextlib.asynccontextmanager
 async def _transaction(deadline: float, community_id: int) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
-    policy stamp and the TTL channels read, in one round trip."""
+    policy stamp and the TTL channels read, in one round trip (the pool's connections are autocommit, so
+    BEGIN is sent with them). Commit is sent with the last statement (`finish`)."""
     pool = await runtime.pool()
-    async with pool.connection() as conn, conn.transaction():
+    async with pool.connection() as conn:
         community = int(community_id)
         cursor = await conn.execute(
-            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # noqa: S608 - integers only
+            "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # noqa: S608 - integers only
             f" SET LOCAL statement_timeout = {_statement_ms(deadline)};"
             " SET LOCAL plan_cache_mode = force_custom_plan;"
             " SELECT clock_timestamp(),"
             f" (SELECT stamp FROM artifacts_policystamp WHERE community_id = {community}),"
             f" ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = {community} AND ttl_seconds IS NOT NULL)"
         )
-        while cursor.nextset():
-            pass
-        row = await cursor.fetchone()
-        if row is None:
-            raise unavailable("the database did not answer; retry", "database")
-        yield Snapshot(conn, row[0], int(row[1] or 0), frozenset(row[2]))
+        try:
+            while cursor.nextset():
+                pass
+            row = await cursor.fetchone()
+            if row is None:
+                raise unavailable("the database did not answer; retry", "database")
+            snap = Snapshot(conn, row[0], int(row[1] or 0), frozenset(row[2]))
+            yield snap
+            if not snap.finished:
+                await conn.execute("COMMIT")
+        except BaseException:
+            # A failed or cancelled read: the pool rolls back a connection it gets back in a transaction.
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.ACTIVE:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+            raise
+
+
+async def finish(snap: Snapshot, sql: str, args: list[Any]) -> list[Any]:
+    """The transaction's last statement and its COMMIT, in one round trip (a pipeline)."""
+    async with snap.conn.pipeline():
+        cursor = await snap.conn.execute(sql, args)  # type: ignore[arg-type]
+        await snap.conn.execute("COMMIT")
+    snap.finished = True
+    return await cursor.fetchall()
 
 
 async def scope(
@@ -493,13 +514,13 @@ async def scope(
     removal can still report it (removeChannel) and the answer is the same for missing channels.
     TTL channels contribute nothing. Raises Denied for the reader's standing (ban, admission, token).
     """
+    named = query.channels()
+    if named is None:
+        return sorted(c for c in await wide_scope(actor, conn=conn) if c not in ttl)
     standing = await check_reader(actor, conn=conn)
     if not standing.ok:
         raise Denied(standing.reason)
-    named = query.channels()
-    if named is None:
-        readable = await readable_channels(actor, conn=conn)
-    elif named:
+    if named:
         facts = await load_access_many(actor, named, conn=conn)
         readable = [c for c in named if decide_read(actor, c, facts[c]).ok]
     else:
@@ -655,16 +676,18 @@ async def read_page(actor: Actor, request: Request, deadline: float) -> str:
             rows: list[Any] = []
             if channels:
                 sql, args = _initial_sql(actor, request.query, channels, run, n + 1)
-                rows = await (await conn.execute(sql, args)).fetchall()
+                rows = await finish(snap, sql, args)
         else:
             # With no readable channel there are no heads, grants or moves, but removals still count.
             sql, args = _later_sql(actor, request.query, channels, run, run.since, n + 1)
-            rows = await (await conn.execute(sql, args)).fetchall()
+            rows = await finish(snap, sql, args)
     changes: list[str] = []
     size = _ENVELOPE_BYTES
     last: Position | None = None
     cut = len(rows) > n
-    for consumed, (ts, src, ident, chan, d, raw) in enumerate(rows[:n]):
+    last_row: Any = None
+    for consumed, row in enumerate(rows[:n]):
+        _, src, _, chan, d, raw = row
         entry = _entry(src, chan, d, raw)
         if entry is not None:
             grown = size + len(entry.encode("utf-8")) + 1
@@ -680,7 +703,9 @@ async def read_page(actor: Actor, request: Request, deadline: float) -> str:
                 break
             size = grown
             changes.append(entry)
-        last = Position(micros(ts), src, ident)
+        last_row = row
+    if last_row is not None:
+        last = Position(micros(last_row[0]), last_row[1], last_row[2])
     started = rfc3339(from_micros(run.start))
     if cut and last is not None:
         return _page_body(started, changes, _mint_cursor(actor, request, run, last), None)
@@ -699,7 +724,7 @@ async def read_current(actor: Actor, request: Request, deadline: float) -> str:
         if channels and wanted:
             where, args = current_where(actor, request.query, channels)
             sql = f"SELECT a.d, r.raw FROM {HEAD_JOIN} WHERE {where} AND a.d = ANY(%s)"  # noqa: S608
-            rows = await (await conn.execute(sql, [*args, wanted])).fetchall()
+            rows = await finish(snap, sql, [*args, wanted])
             found = {row[0]: row[1] for row in rows}
     changes = []
     for value, d in zip(ids, parsed, strict=True):

@@ -14,7 +14,8 @@ Figures, each beside its baseline in the same run, alternating (relay, SQL, rela
            decoded, following nextCursor to the checkpoint. Baseline: the same keyset pages as
            hand-written SQL (ORDER BY changed_at, d LIMIT 100, on the reader's channels), fetched
            through psycopg on one connection.
-  (reference) one ordinary current-view POST /query of 100 rows on the same relay, per page.
+  (reference) the same initial pass in-process (artifacts.incremental.read_page, no HTTP or
+           authentication), once; and one ordinary current-view POST /query of 100 rows, per page.
   later    1,000 heads then change (one UPDATE ... FROM a revision INSERT, changed_at = clock_timestamp()),
            and a later pass from the initial pass's checkpoint (repeatable: the window keeps them).
            Baseline: hand-written SQL paging the head changes in the window [start - 120 s, now].
@@ -177,6 +178,53 @@ class Baseline:
             key = (page[-1][0], page[-1][1])
 
 
+def service_pass(db_url: str, env: dict[str, str], host: str, pubkey: str) -> tuple[list[tuple[str, str]], float]:
+    """The same initial pass through artifacts.incremental.read_page in this process (no HTTP, no
+    authentication): where the relay's time goes. Returns (rows, seconds)."""
+    import asyncio
+    import os
+
+    for key in (
+        "DATABASE_URL",
+        "REDIS_URL",
+        "BUZZ_DEV",
+        "BUZZ_ARTIFACT_INCREMENTAL_ENABLED",
+        "BUZZ_INCREMENTAL_SIGNING_KEY",
+    ):
+        os.environ[key] = env[key]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
+    import django
+
+    django.setup()
+    from asgiref.sync import sync_to_async
+
+    from artifacts import incremental
+    from buzz.identity import communities
+    from buzz.identity.actor import Actor
+    from buzz.runtime import runtime
+
+    async def run() -> tuple[list[tuple[str, str]], float]:
+        info = await sync_to_async(communities._load_info)(host)
+        if info is None:
+            raise BenchError("no bench community")
+        actor = Actor(community=info, pubkey=pubkey)
+        request = incremental.parse_request([{"artifact": "incremental", "query": QUERY}])
+        await incremental.read_page(actor, request, asyncio.get_running_loop().time() + 8)  # warm the pool
+        rows: list[tuple[str, str]] = []
+        t = time.perf_counter()
+        while True:
+            body = json.loads(await incremental.read_page(actor, request, asyncio.get_running_loop().time() + 8))
+            rows.extend((c["artifactId"], c["event"]["id"]) for c in body["changes"])
+            if body["nextCursor"] is None:
+                elapsed = time.perf_counter() - t
+                await runtime.aclose()
+                return rows, elapsed
+            request = incremental.Request(query=request.query, digest=request.digest, cursor=body["nextCursor"])
+
+    result: tuple[list[tuple[str, str]], float] = asyncio.run(run())
+    return result
+
+
 def _ms(values: list[float]) -> str:
     median, low, high = (1000 * f(values) for f in (statistics.median, min, max))
     return f"median {median:8.1f} ms (min {low:.1f}, max {high:.1f})"
@@ -279,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             base.run(epoch, None)
             sql_s.append(time.perf_counter() - t)
         results["initial"] = {"relay_s": relay_s, "sql_s": sql_s, "rows": len(rows), "pages": pages}
+        in_process, service_s = service_pass(db_url, env, relay.host_header, reader.pubkey)
+        if in_process != rows:
+            raise BenchError("the in-process pass returned other rows than the relay")
+        results["initial"]["service_s"] = service_s
 
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute(
@@ -324,6 +376,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  hand-written SQL pages  {_ms(r['sql_s'])}", flush=True)
         print(f"  ratio {common.ratio(statistics.median(r['relay_s']), statistics.median(r['sql_s']))}"
               f" (target <= 2x)", flush=True)  # fmt: skip
+    service_s = results["initial"]["service_s"]
+    service_ratio = common.ratio(service_s, statistics.median(results["initial"]["sql_s"]))
+    print(
+        "where the initial pass goes: in-process, artifacts.incremental.read_page without HTTP or"
+        f" authentication: {service_s * 1000:.1f} ms, {service_ratio} of the SQL",
+        flush=True,
+    )
     per_page = [1000 * v for v in results["view_page_s"]]
     inc_page = 1000 * statistics.median(results["initial"]["relay_s"]) / results["initial"]["pages"]
     sql_page = 1000 * statistics.median(results["initial"]["sql_s"]) / results["initial"]["pages"]

@@ -424,6 +424,25 @@ async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None =
     return [r[0] for r in rows if token_covers(actor, r[0])]
 
 
+# The standing checks and the channels a read without #h covers, in one statement (readable_scope).
+_STANDING_AND_READABLE_SQL = _STANDING_SQL.rstrip() + ",\n  ARRAY(" + _READABLE_SQL.strip() + ")\n"
+
+
+async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any]) -> list[uuid.UUID]:
+    """`reader_scope(actor, wide=True)` in one round trip: the reader's standing (Denied as check_reader
+    decides it) and the channels it joined or that are listed, sorted. NIP-AR incremental reads use it."""
+    if not has_scope(actor, SCOPE_READ):
+        raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
+    row = await (await conn.execute(_STANDING_AND_READABLE_SQL, _actor_params(actor))).fetchone()
+    if row is None or not row[2]:
+        raise Denied(TOKEN_INVALID)
+    if not row[0]:
+        raise Denied(NOT_ADMITTED)
+    if row[1]:
+        raise Denied(BANNED)
+    return sorted(c for c in row[3] if token_covers(actor, c))
+
+
 async def reader_scope(
     actor: Actor,
     *,
