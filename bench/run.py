@@ -163,6 +163,11 @@ register(
     'does the time of "head unavailable" tell an unreadable d from a missing one? median-of-11 accuracy vs 0.5',
     Step("artifact_timing.py", 600, lambda o: 0.0, takes_seconds=False),
 )
+register(
+    "retention",
+    "retention expiry (manage.py retention run) revisions/s vs the same batches of plain UPDATEs",
+    Step("retention.py", 300, lambda o: 120.0, takes_seconds=False),
+)
 
 
 def run_script(step: Step, args: Sequence[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
