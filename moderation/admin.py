@@ -319,7 +319,7 @@ class ArtifactStateFilter(admin.SimpleListFilter):
 
 @admin.register(Artifact)
 class ArtifactAdmin(ReadOnly, admin.ModelAdmin[Artifact]):
-    list_display = ("d", "type", "community", "home_channel", "head", "head_title", "state", "changed_at")
+    list_display = ("d_short", "type", "community_host", "home_name", "head", "head_title", "state", "changed")
     list_filter = (ArtifactStateFilter, "type", "community")
     search_fields = ("d", "head_id", "type")
     ordering = ("-changed_at",)
@@ -334,6 +334,23 @@ class ArtifactAdmin(ReadOnly, admin.ModelAdmin[Artifact]):
     # Only the head's revision row is looked up per page row: a changelist of 100 costs 100 small queries
     # at most, never a scan of revisions.
     list_per_page = 50
+
+    @admin.display(description="d", ordering="d")
+    def d_short(self, artifact: Artifact) -> SafeString:
+        return format_html('<code title="{}">{}</code>', artifact.d, short(str(artifact.d), 13))
+
+    @admin.display(description="community", ordering="community__host")
+    def community_host(self, artifact: Artifact) -> str:
+        return artifact.community.host
+
+    @admin.display(description="home channel")
+    def home_name(self, artifact: Artifact) -> SafeString:
+        name = _channel_names([artifact.home]).get(str(artifact.home))
+        return format_html('<span title="{}">{}</span>', artifact.home, name or artifact.home)
+
+    @admin.display(description="changed", ordering="changed_at")
+    def changed(self, artifact: Artifact) -> str:
+        return f"{artifact.changed_at:%Y-%m-%d %H:%M:%S}"
 
     @admin.display(description="home channel")
     def home_channel(self, artifact: Artifact) -> str:
@@ -350,9 +367,10 @@ class ArtifactAdmin(ReadOnly, admin.ModelAdmin[Artifact]):
         return Revision.objects.filter(community_id=artifact.community_id, id=artifact.head_id).first()
 
     @admin.display(description="title")
-    def head_title(self, artifact: Artifact) -> str:
+    def head_title(self, artifact: Artifact) -> SafeString:
         row = self._head_row(artifact)
-        return _title_of(row.raw) if row is not None and row.expired_at is None else ""
+        text = _title_of(row.raw) if row is not None and row.expired_at is None else ""
+        return format_html('<span title="{}">{}</span>', text, short(text, 32))
 
     @admin.display(description="state")
     def state(self, artifact: Artifact) -> str:
