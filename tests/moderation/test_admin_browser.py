@@ -314,6 +314,19 @@ def test_a_moderator_logs_in_and_gets_403_where_moderators_have_no_business(
     page.goto(f"{BASE}/admin/artifacts/revision/")
     assert any("Redact" in a for a in page.locator("select[name=action] option").all_inner_texts())
     shot(page, "revisions")
+    # What a moderator may do, they can: redact the older revision (the head stays current).
+    old = Revision.objects.get(id=team["created"]["id"])
+    choose_action(page, "redact", str(old.seq))
+    assert old.id in page.locator("#withheld").inner_text()
+    assert "none" in page.locator("#retiring").inner_text()
+    page.fill("#id_reason", "personal data")
+    page.click("input[name=_confirm]")
+    page.wait_for_url(f"{BASE}/admin/artifacts/revision/")
+    assert any("Redacted 1 revision(s); 0 artifact(s) retired" in m for m in messages_of(page)), messages_of(page)
+    current = view(relay, HOST, team["reader"], artifact="current", **{"#h": [str(team["plans"])]})
+    assert [e["id"] for e in current] == [team["updated"]["id"]]
+    page.goto(f"{BASE}/admin/moderation/auditrecord/")
+    assert "admin:mod" in page.locator("#result_list").inner_text()
     for path in (
         "/admin/buzz/apitoken/",
         "/admin/buzz/community/",
