@@ -153,6 +153,8 @@ class MoveRemoval(models.Model):
         indexes = [
             models.Index(fields=["community", "source", "seq"], name="removal_source"),
             models.Index(fields=["community", "move_id"], name="removal_move"),
+            # Retention keeps the revision a move replaced (and the move): it looks both up.
+            models.Index(fields=["community", "replaced"], name="removal_replaced"),
         ]
 
     def __str__(self) -> str:
