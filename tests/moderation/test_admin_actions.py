@@ -435,3 +435,15 @@ def test_the_retention_form_takes_the_commands_durations_and_saves_through_set_r
     assert policy.keep.days == 90
     records = audit("retention_set")
     assert [r.who for r in records] == ["admin:root", "admin:root"]
+
+
+def test_a_confirmation_page_with_bad_or_no_ids_goes_back_and_an_unknown_step_is_403(world: World) -> None:
+    client = client_for(make_superuser(), HOST)
+    for ids in ("", "abc", "999999", ",".join(str(n) for n in range(1, 300))):
+        page = client.get(f"/admin/buzz/channel/confirm/archive/?ids={ids}")
+        assert page.status_code == 302 and page["Location"] == "/admin/buzz/channel/", ids
+        posted = client.post(f"/admin/buzz/channel/confirm/archive/?ids={ids}", {"reason": "x", "_confirm": "1"})
+        assert posted.status_code == 302, ids
+    assert client.get("/admin/buzz/channel/confirm/nothing/?ids=1").status_code == 403
+    assert not AuditRecord.objects.exists()
+    assert not Channel.objects.filter(archived_at__isnull=False).exists()
