@@ -68,9 +68,11 @@ def test_the_moderators_group_holds_exactly_the_moderation_rights(db: None) -> N
 
 def test_a_moderator_sees_channels_artifacts_revisions_and_the_audit_log(world: World) -> None:
     client = client_for(make_moderator(), HOST)
+    channel = Channel.objects.get(uuid=world.a)
     for page in (
         "/admin/",
         "/admin/buzz/channel/",
+        f"/admin/buzz/channel/{channel.pk}/change/",
         "/admin/artifacts/artifact/",
         "/admin/artifacts/revision/",
         "/admin/moderation/auditrecord/",
