@@ -563,6 +563,10 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
                 "A retired artifact leaves current-state queries and the head view; only an edit naming the "
                 "redacted head as prev brings it back."
             )
+            notes.append(
+                "The open syncs counted are those over the retiring artifacts' channels; the ones whose set "
+                "holds a retiring artifact get the resync."
+            )
         return Preview(
             summary="Withhold these revisions from every surface (current, head, history, count, REQ, sync, "
             "mentions). The relay publishes a relay-signed removal (kind 9005) in each revision's channel.",
@@ -856,7 +860,7 @@ class ModeratedCommunityAdmin(CommunityAdmin):
         return self.confirm.redirect(request, "reset_policy", queryset)
 
     def _preview_reset(self, communities: list[Community]) -> Preview:
-        # moderation.services has no preview_reset_policy: the estimate is the one reset_policy records.
+        # moderation.services has no preview_reset_policy: the count is the one reset_policy records.
         syncs = 0
         for c in communities:
             live = Channel.objects.filter(community=c, deleted_at__isnull=True).values_list("uuid", flat=True)

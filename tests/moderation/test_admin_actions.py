@@ -30,6 +30,7 @@ from tests.moderation.admin_support import (
     run_action,
 )
 from tests.moderation.admin_support import write as write_http
+from tests.moderation.moderation_support import open_syncs_counted
 from tests.support.factories import make_token
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, SyncState, World, follow, make_world, open_sync, revision, write
@@ -215,13 +216,17 @@ async def test_redacting_the_current_revision_in_the_admin_retires_it_and_resync
         holds2 = await open_sync(r2, "holds", {"artifact": "current", "#h": [str(world.a)]})
         other = await open_sync(r2, "other", {"artifact": "current", "#h": [str(world.b)]})
         assert holds1.heads[str(d)]["id"] == updated["id"] == holds2.heads[str(d)]["id"]
+        await open_syncs_counted(world.community, [world.a], 2)  # one on each node
         head = await Revision.objects.aget(id=updated["id"])
         done = await sync_to_async(run_action)(
             client, "/admin/artifacts/revision/", "redact", [head.seq], "spam in the title"
         )
         # The page said what would happen: this id withheld, this artifact retiring.
         assert updated["id"] in done.page and str(d) in done.page and "Artifacts that retire" in done.page
-        assert any("Redacted 1 revision" in m for m in done.messages), done.messages
+        assert done.open_syncs == 2  # the syncs over its channel on both nodes; not the one over b
+        assert any("Redacted 1 revision(s); 1 artifact(s) retired; 2 open sync(s)" in m for m in done.messages), (
+            done.messages
+        )
         for r, held in ((r1, holds1), (r2, holds2)):
             await follow(r, "holds", held, lambda s: False)
             assert _resynced(held), held.closed
@@ -311,6 +316,7 @@ async def test_archive_and_unarchive_in_the_admin_leave_open_syncs_open(world: W
             client, "/admin/buzz/channel/", "archive_channels", [channel.pk], "project finished"
         )
         assert "Open syncs that get a resync" in archived.page and channel.name in archived.page
+        assert archived.open_syncs == 0  # archive ends no sync, open or not
         assert (await Channel.objects.aget(pk=channel.pk)).archived_at is not None
         await _marker_arrives(w, r, "s", state, world, world.b)
         assert str(d) in state.heads  # reads unchanged
@@ -336,8 +342,10 @@ async def test_deleting_a_channel_in_the_admin_resyncs_the_syncs_that_cover_it(
         d, _, _ = await _two_revisions(w, world, world.a)
         covers = await open_sync(r, "covers", {"artifact": "current", "#h": [str(world.a), str(world.b)]})
         other = await open_sync(r, "other", {"artifact": "current", "#h": [str(world.b)]})
+        await open_syncs_counted(world.community, [world.a, world.b], 2)
         done = await sync_to_async(run_action)(client, "/admin/buzz/channel/", "delete_channels", [channel.pk], "abuse")
         assert str(d) in done.page and "This cannot be undone" in done.page
+        assert done.open_syncs == 1  # the sync that covers the channel; not the one over b only
         await follow(r, "covers", covers, lambda s: False)
         assert _resynced(covers), covers.closed
         await _marker_arrives(w, r, "other", other, world, world.b)
@@ -392,9 +400,11 @@ async def test_policy_reset_in_the_admin_advances_the_stamp_and_resyncs_every_sy
         assert (await r2.auth(world.owner))[2] is True
         state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
         other = await open_sync(r2, "other", {"artifact": "current", "#h": [str(world.private)]})
+        await open_syncs_counted(world.community, [world.a, world.private], 2)
         done = await sync_to_async(run_action)(
             client, "/admin/buzz/community/", "reset_policies", [world.community.pk], "purge recovery rows"
         )
+        assert done.open_syncs == 2  # every sync of the community
         assert HOST in done.page and any("Reset the access policy" in m for m in done.messages), done.messages
         for conn, sub, held in ((r, "s", state), (r2, "other", other)):
             await follow(conn, sub, held, lambda s: False)
