@@ -160,6 +160,8 @@ class MoveRemoval(models.Model):
             models.Index(fields=["community", "move_id"], name="removal_move"),
             # Incremental reads page move-source records by acceptance time (artifacts.incremental).
             models.Index(fields=["community", "accepted_at"], name="removal_accepted"),
+            # Retention keeps the revision a move replaced (and the move): it looks both up.
+            models.Index(fields=["community", "replaced"], name="removal_replaced"),
         ]
 
     def __str__(self) -> str:

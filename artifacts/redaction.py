@@ -104,15 +104,15 @@ def redact_removal(removal: Removal) -> None:
 _EXPIRABLE = """
   r.community_id = %(community)s AND r.expired_at IS NULL AND r.accepted_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM artifacts_artifact a WHERE a.community_id = r.community_id AND a.head_id = r.id)
-  AND NOT EXISTS (SELECT 1 FROM artifacts_moveremoval m
-                  WHERE m.community_id = r.community_id AND (m.move_id = r.id OR m.replaced = r.id))
+  AND NOT EXISTS (SELECT 1 FROM artifacts_moveremoval m WHERE m.community_id = r.community_id AND m.move_id = r.id)
+  AND NOT EXISTS (SELECT 1 FROM artifacts_moveremoval m WHERE m.community_id = r.community_id AND m.replaced = r.id)
 """
 
 _KEPT = """
   r.community_id = %(community)s AND r.expired_at IS NULL AND r.accepted_at < %(cutoff)s
   AND (EXISTS (SELECT 1 FROM artifacts_artifact a WHERE a.community_id = r.community_id AND a.head_id = r.id)
-       OR EXISTS (SELECT 1 FROM artifacts_moveremoval m
-                  WHERE m.community_id = r.community_id AND (m.move_id = r.id OR m.replaced = r.id)))
+       OR EXISTS (SELECT 1 FROM artifacts_moveremoval m WHERE m.community_id = r.community_id AND m.move_id = r.id)
+       OR EXISTS (SELECT 1 FROM artifacts_moveremoval m WHERE m.community_id = r.community_id AND m.replaced = r.id))
 """
 
 

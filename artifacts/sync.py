@@ -21,6 +21,8 @@ core never imports it. One `SyncSubscription` per sync holds all of its state:
    undecodable signal, a failed head or access read, a full send queue), a
    retirement, and any access change on a named channel end the sync with
    CLOSED "resync: ...". If even that can't be queued, the connection is closed.
+6. The census (artifacts.census). A sync whose scope check passed is counted until it ends, however it
+   ends (`_run`'s finally, `end` and `close` all release it), for the admin's "open syncs" figure.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 import psycopg.errors
 from django.conf import settings
 
+from artifacts.census import Registration, census
 from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
 from artifacts.heads import Head, head_reader
 from artifacts.query import ArtifactQuery, QueryError, matches, parse_sync_filter
@@ -141,6 +144,7 @@ class SyncSubscription:
         self._pending: dict[str, None] = {}
         self._wake = asyncio.Event()
         self._live_phase = False  # EOSE has been queued
+        self._counted: Registration | None = None  # this sync's place in the census, once its scope passed
         self.ended = False
 
     # --- lifecycle (buzz.ws.host.Subscription) --------------------------------------
@@ -157,6 +161,7 @@ class SyncSubscription:
         """CLOSE, a replacing REQ or a disconnect: the snapshot and every read end now (rule 8)."""
         self.ended = True
         self._disarm_expiry()
+        self._uncount()
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -172,6 +177,7 @@ class SyncSubscription:
             return
         self.ended = True
         self._disarm_expiry()
+        self._uncount()
         task = self._task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -181,6 +187,11 @@ class SyncSubscription:
         handle, self._expiry = self._expiry, None
         if handle is not None:
             handle.cancel()
+
+    def _uncount(self) -> None:
+        counted, self._counted = self._counted, None
+        if counted is not None:
+            counted.release()
 
     def resync(self, why: str) -> None:
         self.end(f"resync: {why}; start a new sync")
@@ -201,6 +212,7 @@ class SyncSubscription:
                 return
             if not await self._scope():
                 return
+            self._counted = census().register(self.host.community.id, self._channels)
             if not await self._initial_set():
                 return
             await self._serve_changes()
@@ -212,6 +224,8 @@ class SyncSubscription:
         except Exception:
             log.exception("sync %s failed", self.sub_id)
             self.end("error: the sync failed; start a new sync")
+        finally:
+            self._uncount()  # however the sync ends, the census forgets it
 
     async def _scope(self) -> bool:
         actor = self._actor()

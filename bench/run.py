@@ -181,6 +181,11 @@ register(
     "REQ of 1000 rows on a 20,000-message channel vs one hand-written SQL statement",
     Step("req_page.py", 300, lambda o: 60.0, label="req", takes_seconds=False),
 )
+register(
+    "retention",
+    "retention expiry (manage.py retention run) revisions/s vs the same batches of plain UPDATEs",
+    Step("retention.py", 300, lambda o: 120.0, takes_seconds=False),
+)
 
 
 def run_script(step: Step, args: Sequence[str], env: dict[str, str], timeout: float) -> dict[str, Any]:

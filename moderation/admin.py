@@ -23,7 +23,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import CommandError
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -240,9 +240,15 @@ def _title_of(raw: str) -> str:
     return ""
 
 
-def _channel_names(uuids: Sequence[Any]) -> dict[str, str]:
-    rows = Channel.objects.filter(uuid__in=set(uuids)).values_list("uuid", "name")
-    return {str(u): name for u, name in rows}
+def channel_name_of(community: str, uuid_field: str) -> Subquery:
+    """The name of the channel (community, uuid) a row names: annotated, so a changelist page costs one query."""
+    rows = Channel.objects.filter(community=OuterRef(community), uuid=OuterRef(uuid_field)).values("name")[:1]
+    return Subquery(rows)
+
+
+def _label(obj: Any, attribute: str, uuid: Any) -> SafeString:
+    name = getattr(obj, attribute, None)
+    return format_html('<span title="{}">{}</span>', uuid, name or uuid)
 
 
 def event_text(raw: str) -> str:
@@ -282,8 +288,10 @@ class RevisionInline(ReadOnly, admin.TabularInline[Revision, Artifact]):
 
     @admin.display(description="channel")
     def channel_name(self, rev: Revision) -> SafeString:
-        name = _channel_names([rev.channel]).get(str(rev.channel))
-        return format_html('<span title="{}">{}</span>', rev.channel, name or rev.channel)
+        return _label(rev, "channel_label", rev.channel)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Revision]:
+        return super().get_queryset(request).annotate(channel_label=channel_name_of("community", "channel"))
 
     @admin.display(description="revision")
     def revision_link(self, rev: Revision) -> SafeString:
@@ -319,7 +327,7 @@ class ArtifactStateFilter(admin.SimpleListFilter):
 
 @admin.register(Artifact)
 class ArtifactAdmin(ReadOnly, admin.ModelAdmin[Artifact]):
-    list_display = ("d", "type", "community", "home_channel", "head", "head_title", "state", "changed_at")
+    list_display = ("d_short", "type", "community_host", "home_name", "head", "head_title", "state", "changed")
     list_filter = (ArtifactStateFilter, "type", "community")
     search_fields = ("d", "head_id", "type")
     ordering = ("-changed_at",)
@@ -328,16 +336,43 @@ class ArtifactAdmin(ReadOnly, admin.ModelAdmin[Artifact]):
     readonly_fields = fields
     inlines = [RevisionInline]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Artifact]:
+        head = Revision.objects.filter(community=OuterRef("community"), id=OuterRef("head_id"))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                home_label=channel_name_of("community", "home"),
+                head_raw=Subquery(head.values("raw")[:1]),
+                head_expired=Subquery(head.values("expired_at")[:1]),
+            )
+        )
+
     class Media:
         css = {"all": ("moderation/admin.css",)}
 
-    # Only the head's revision row is looked up per page row: a changelist of 100 costs 100 small queries
-    # at most, never a scan of revisions.
+    # Channel names and the head's title are annotated (get_queryset): a page is one query, whatever its size.
     list_per_page = 50
+
+    @admin.display(description="d", ordering="d")
+    def d_short(self, artifact: Artifact) -> SafeString:
+        return format_html('<code title="{}">{}</code>', artifact.d, short(str(artifact.d), 13))
+
+    @admin.display(description="community", ordering="community__host")
+    def community_host(self, artifact: Artifact) -> str:
+        return artifact.community.host
+
+    @admin.display(description="home channel")
+    def home_name(self, artifact: Artifact) -> SafeString:
+        return _label(artifact, "home_label", artifact.home)
+
+    @admin.display(description="changed", ordering="changed_at")
+    def changed(self, artifact: Artifact) -> str:
+        return f"{artifact.changed_at:%Y-%m-%d %H:%M:%S}"
 
     @admin.display(description="home channel")
     def home_channel(self, artifact: Artifact) -> str:
-        name = _channel_names([artifact.home]).get(str(artifact.home))
+        name = getattr(artifact, "home_label", None)
         return f"{name} ({artifact.home})" if name else str(artifact.home)
 
     @admin.display(description="head")
@@ -350,9 +385,10 @@ class ArtifactAdmin(ReadOnly, admin.ModelAdmin[Artifact]):
         return Revision.objects.filter(community_id=artifact.community_id, id=artifact.head_id).first()
 
     @admin.display(description="title")
-    def head_title(self, artifact: Artifact) -> str:
-        row = self._head_row(artifact)
-        return _title_of(row.raw) if row is not None and row.expired_at is None else ""
+    def head_title(self, artifact: Artifact) -> SafeString:
+        raw = getattr(artifact, "head_raw", None)
+        text = _title_of(raw) if raw and getattr(artifact, "head_expired", None) is None else ""
+        return format_html('<span title="{}">{}</span>', text, short(text, 32))
 
     @admin.display(description="state")
     def state(self, artifact: Artifact) -> str:
@@ -479,6 +515,9 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
     def get_urls(self) -> list[URLPattern]:
         return self.confirm.urls() + super().get_urls()
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Revision]:
+        return super().get_queryset(request).annotate(channel_label=channel_name_of("community", "channel"))
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Revision], search_term: str
     ) -> tuple[QuerySet[Revision], bool]:
@@ -524,6 +563,10 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
                 "A retired artifact leaves current-state queries and the head view; only an edit naming the "
                 "redacted head as prev brings it back."
             )
+            notes.append(
+                "The open syncs counted are those over the retiring artifacts' channels; the ones whose set "
+                "holds a retiring artifact get the resync."
+            )
         return Preview(
             summary="Withhold these revisions from every surface (current, head, history, count, REQ, sync, "
             "mentions). The relay publishes a relay-signed removal (kind 9005) in each revision's channel.",
@@ -555,8 +598,7 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
 
     @admin.display(description="channel")
     def channel_name(self, rev: Revision) -> SafeString:
-        name = _channel_names([rev.channel]).get(str(rev.channel))
-        return format_html('<span title="{}">{}</span>', rev.channel, name or rev.channel)
+        return _label(rev, "channel_label", rev.channel)
 
     @admin.display(description="author")
     def author(self, rev: Revision) -> SafeString:
@@ -582,7 +624,7 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
 
     @admin.display(description="channel (h)")
     def channel_detail(self, rev: Revision) -> str:
-        name = _channel_names([rev.channel]).get(str(rev.channel))
+        name = getattr(rev, "channel_label", None)
         return f"{name} ({rev.channel})" if name else str(rev.channel)
 
     @admin.display(description="event")
@@ -818,7 +860,7 @@ class ModeratedCommunityAdmin(CommunityAdmin):
         return self.confirm.redirect(request, "reset_policy", queryset)
 
     def _preview_reset(self, communities: list[Community]) -> Preview:
-        # moderation.services has no preview_reset_policy: the estimate is the one reset_policy records.
+        # moderation.services has no preview_reset_policy: the count is the one reset_policy records.
         syncs = 0
         for c in communities:
             live = Channel.objects.filter(community=c, deleted_at__isnull=True).values_list("uuid", flat=True)

@@ -7,7 +7,8 @@ requires published after commit (buzz.live.signals).
 
 Every destructive operation has a `preview_*` twin that computes the same plan without writing,
 for the admin's confirmation pages: which revision ids are withheld, which artifacts retire, which
-channels are affected, and an estimate of how many open syncs will get a resync.
+channels are affected, and how many open syncs will get a resync (artifacts.census: the syncs open on
+every relay node now, as the nodes last published them, which may lag by a second).
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import redis
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from artifacts.census import count_open_syncs
 from artifacts.models import Artifact, MoveRemoval, PolicyStamp, Revision
 from artifacts.redaction import Redaction, count_expirable, expire_batch
 from buzz.access.changes import access_changed
@@ -53,7 +53,8 @@ class ModerationError(Exception):
 class RedactPlan:
     """What a redaction does. `withheld`: revision (or 45011 removal) ids withheld now (already redacted ones
     are left out); `retiring`: the d of each artifact whose current revision is among them;
-    `channels`: the channels whose readers are affected; `open_syncs`: an estimate of the syncs resynced."""
+    `channels`: the channels whose readers are affected; `open_syncs`: the open syncs over the retiring
+    artifacts' channels (those whose set holds a retiring artifact get the resync)."""
 
     withheld: tuple[str, ...]
     retiring: tuple[str, ...]
@@ -97,29 +98,17 @@ class LifecyclePlan:
     detail: str = ""
 
 
-# --- open syncs, estimated ---------------------------------------------------------------------------
+# --- open syncs ------------------------------------------------------------------------------------
 
 
 def estimate_open_syncs(community_id: int, channels: Iterable[uuid.UUID | str]) -> int:
-    """How many relay-node subscriptions listen on these channels' topics now (Redis PUBSUB NUMSUB).
+    """How many NIP-AR syncs are open now, on every relay node, over at least one of these channels.
 
-    Each node subscribes once per channel topic whatever the number of its local REQs and syncs, so this
-    counts (node, channel) pairs with at least one open subscription: an estimate, never exact. 0 when
-    Redis can't be asked (the action itself does not depend on it).
+    Counted by artifacts.census (each relay publishes its open syncs to Redis within about a second; a
+    killed node's count vanishes within 15 s); a sync over several of the channels counts once. Ordinary
+    REQs are not syncs and are not counted. 0 when Redis can't be asked (no action depends on it).
     """
-    wires = [settings.BUZZ_REDIS_PREFIX + signals.channel_topic(community_id, c) for c in sorted(map(str, channels))]
-    if not wires:
-        return 0
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        try:
-            counts = client.pubsub_numsub(*wires)
-        finally:
-            client.close()
-    except redis.RedisError as exc:
-        log.warning("could not estimate open syncs: %s", exc)
-        return 0
-    return sum(int(n) for _, n in counts)
+    return count_open_syncs(community_id, channels)
 
 
 def _audit(
@@ -178,7 +167,7 @@ def _plan(community: Community, targets: list[_Target], unknown: list[str]) -> R
 
 
 def preview_redact(community: Community, revision_ids: Sequence[str]) -> RedactPlan:
-    """What `redact` would do now: the ids withheld, the artifacts retiring, the syncs resynced (estimate)."""
+    """What `redact` would do now: the ids withheld, the artifacts retiring, the open syncs concerned."""
     targets, unknown = _targets(community, revision_ids)
     return _plan(community, targets, unknown)
 
@@ -224,7 +213,7 @@ def redact(community: Community, revision_ids: Sequence[str], *, actor: str, rea
                 "withheld": list(plan.withheld),
                 "retired": retired,
                 "channels": list(plan.channels),
-                "open_syncs_estimate": plan.open_syncs,
+                "open_syncs": plan.open_syncs,
                 "unknown": list(plan.unknown),
             },
         )
@@ -447,7 +436,7 @@ def delete_channel(channel: Channel, *, actor: str, reason: str) -> DeletePlan:
                 "name": channel.name,
                 "artifacts": plan.artifacts,
                 "retired": list(plan.retiring),
-                "open_syncs_estimate": plan.open_syncs,
+                "open_syncs": plan.open_syncs,
             },
         )
     return plan
@@ -463,7 +452,7 @@ def reset_policy(community: Community, *, actor: str, reason: str) -> LifecycleP
         channels = list(
             Channel.objects.filter(community=community, deleted_at__isnull=True).values_list("uuid", flat=True)
         )
-        estimate = estimate_open_syncs(community.pk, channels)
+        open_syncs = estimate_open_syncs(community.pk, channels)
         for uid in channels:
             signals.publish_on_commit(community.pk, uid, signals.access_message(uid, WHY_POLICY_RESET))
         _audit(
@@ -472,9 +461,11 @@ def reset_policy(community: Community, *, actor: str, reason: str) -> LifecycleP
             action=AuditAction.POLICY_RESET,
             target=community.host,
             reason=reason,
-            detail={"stamp": stamp.stamp, "channels": len(channels), "open_syncs_estimate": estimate},
+            detail={"stamp": stamp.stamp, "channels": len(channels), "open_syncs": open_syncs},
         )
-    return LifecyclePlan(channels=tuple(map(str, channels)), open_syncs=estimate, detail=f"policy stamp {stamp.stamp}")
+    return LifecyclePlan(
+        channels=tuple(map(str, channels)), open_syncs=open_syncs, detail=f"policy stamp {stamp.stamp}"
+    )
 
 
 def reap_ttl(*, now: dt.datetime | None = None, actor: str, reason: str) -> LifecyclePlan:

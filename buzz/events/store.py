@@ -123,26 +123,29 @@ def withhold_sync(*, community_id: int, ids: Sequence[str], erase: bool = False)
     drop their mention records (a withheld event notifies nobody).
 
     The rows stay: an id once accepted is never accepted again. `erase` also empties the stored text
-    (retention: the content is gone, the id still answers `duplicate:`). Returns how many were withheld now.
+    (retention: the content is gone, the id still answers `duplicate:`), in the same statement. Returns
+    how many rows changed now.
     """
     if not ids:
         return 0
     with connection.cursor() as cur:
-        cur.execute(
-            "UPDATE buzz_storedevent SET deleted_at = now()"
-            " WHERE community_id = %s AND id = ANY(%s) AND deleted_at IS NULL",
-            [community_id, list(ids)],
-        )
-        withheld = int(cur.rowcount)
         if erase:
             cur.execute(
-                "UPDATE buzz_storedevent SET raw = '' WHERE community_id = %s AND id = ANY(%s) AND raw <> ''",
+                "UPDATE buzz_storedevent SET deleted_at = COALESCE(deleted_at, now()), raw = ''"
+                " WHERE community_id = %s AND id = ANY(%s) AND (deleted_at IS NULL OR raw <> '')",
                 [community_id, list(ids)],
             )
+        else:
+            cur.execute(
+                "UPDATE buzz_storedevent SET deleted_at = now()"
+                " WHERE community_id = %s AND id = ANY(%s) AND deleted_at IS NULL",
+                [community_id, list(ids)],
+            )
+        changed = int(cur.rowcount)
         cur.execute(
             "DELETE FROM buzz_mention WHERE community_id = %s AND event_id = ANY(%s)", [community_id, list(ids)]
         )
-        return withheld
+        return changed
 
 
 def discard_sync(*, community_id: int, channel: uuid.UUID, kinds: Iterable[int]) -> int | None:

@@ -98,7 +98,15 @@ class Confirmed:
     done: str  # the HTML after confirming (the changelist, or the page again after a dry run)
     messages: list[str]
 
+    @property
+    def open_syncs(self) -> int:
+        """What the confirmation page said under "Open syncs that get a resync"."""
+        found = _OPEN_SYNCS.search(self.page)
+        assert found is not None, "the confirmation page shows no open-sync count"
+        return int(found.group(1))
 
+
+_OPEN_SYNCS = re.compile(r'<td id="open-syncs"><span class="count">(\d+)</span>')
 _MESSAGE = re.compile(r'<li class="(?:success|info|warning|error)">(.*?)</li>', re.S)
 
 

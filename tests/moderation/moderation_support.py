@@ -3,13 +3,16 @@ and sync/REQ readers on a relay. Not a test module."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from artifacts.census import count_open_syncs
 from buzz.chat.bans import ban_add
 from buzz.models import Community
 from buzz.nostr import Signer
@@ -19,6 +22,15 @@ from tests.support.wire import http, publish
 from tests.support.wsclient import RelayClient
 
 RELAY_ENV = {"BUZZ_WRITES_PER_SECOND": "0"}
+CENSUS_SETTLE = 10.0  # seconds the relays' census may take to publish a sync that just opened (about 1 s)
+
+
+async def open_syncs_counted(community: Community, channels: list[uuid.UUID], expected: int) -> None:
+    """Wait (bounded) until the census counts `expected` open syncs over `channels`, as the admin will."""
+    deadline = time.monotonic() + CENSUS_SETTLE
+    while (seen := await asyncio.to_thread(count_open_syncs, community.pk, channels)) != expected:
+        assert time.monotonic() < deadline, f"{seen} open syncs counted, expected {expected}"
+        await asyncio.sleep(0.1)
 
 
 @dataclass

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib import admin as django_admin
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from artifacts.models import Artifact, PolicyStamp, Revision
 from buzz.models import ApiToken, Ban, Channel, Community, Membership, RelayMember, StoredEvent, Timeout
@@ -28,6 +30,7 @@ from tests.moderation.admin_support import (
     run_action,
 )
 from tests.moderation.admin_support import write as write_http
+from tests.moderation.moderation_support import open_syncs_counted
 from tests.support.factories import make_token
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, SyncState, World, follow, make_world, open_sync, revision, write
@@ -66,9 +69,11 @@ def test_the_moderators_group_holds_exactly_the_moderation_rights(db: None) -> N
 
 def test_a_moderator_sees_channels_artifacts_revisions_and_the_audit_log(world: World) -> None:
     client = client_for(make_moderator(), HOST)
+    channel = Channel.objects.get(uuid=world.a)
     for page in (
         "/admin/",
         "/admin/buzz/channel/",
+        f"/admin/buzz/channel/{channel.pk}/change/",
         "/admin/artifacts/artifact/",
         "/admin/artifacts/revision/",
         "/admin/moderation/auditrecord/",
@@ -211,13 +216,17 @@ async def test_redacting_the_current_revision_in_the_admin_retires_it_and_resync
         holds2 = await open_sync(r2, "holds", {"artifact": "current", "#h": [str(world.a)]})
         other = await open_sync(r2, "other", {"artifact": "current", "#h": [str(world.b)]})
         assert holds1.heads[str(d)]["id"] == updated["id"] == holds2.heads[str(d)]["id"]
+        await open_syncs_counted(world.community, [world.a], 2)  # one on each node
         head = await Revision.objects.aget(id=updated["id"])
         done = await sync_to_async(run_action)(
             client, "/admin/artifacts/revision/", "redact", [head.seq], "spam in the title"
         )
         # The page said what would happen: this id withheld, this artifact retiring.
         assert updated["id"] in done.page and str(d) in done.page and "Artifacts that retire" in done.page
-        assert any("Redacted 1 revision" in m for m in done.messages), done.messages
+        assert done.open_syncs == 2  # the syncs over its channel on both nodes; not the one over b
+        assert any("Redacted 1 revision(s); 1 artifact(s) retired; 2 open sync(s)" in m for m in done.messages), (
+            done.messages
+        )
         for r, held in ((r1, holds1), (r2, holds2)):
             await follow(r, "holds", held, lambda s: False)
             assert _resynced(held), held.closed
@@ -264,6 +273,18 @@ def test_revisions_are_searchable_by_id_d_channel_and_author_and_filterable(worl
     assert listed("expired=yes") == set()
     assert listed("expired=no") == everything
 
+    # A page costs the same queries whatever its number of rows (channel names and heads are annotated).
+    def queries(page: str) -> int:
+        with CaptureQueriesContext(connection) as seen:
+            assert client.get(page).status_code == 200
+        return len(seen.captured_queries)
+
+    pages = ("/admin/artifacts/revision/", "/admin/artifacts/artifact/")
+    before = [queries(page) for page in pages]
+    for _ in range(4):
+        write_http(relay, HOST, world.owner, revision(world.owner, uuid.uuid4(), world.a, "create"))
+    assert [queries(page) for page in pages] == before
+
 
 async def test_redacting_an_old_revision_keeps_the_head_and_the_sync(world: World, relay_factory: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
@@ -295,6 +316,7 @@ async def test_archive_and_unarchive_in_the_admin_leave_open_syncs_open(world: W
             client, "/admin/buzz/channel/", "archive_channels", [channel.pk], "project finished"
         )
         assert "Open syncs that get a resync" in archived.page and channel.name in archived.page
+        assert archived.open_syncs == 0  # archive ends no sync, open or not
         assert (await Channel.objects.aget(pk=channel.pk)).archived_at is not None
         await _marker_arrives(w, r, "s", state, world, world.b)
         assert str(d) in state.heads  # reads unchanged
@@ -320,8 +342,10 @@ async def test_deleting_a_channel_in_the_admin_resyncs_the_syncs_that_cover_it(
         d, _, _ = await _two_revisions(w, world, world.a)
         covers = await open_sync(r, "covers", {"artifact": "current", "#h": [str(world.a), str(world.b)]})
         other = await open_sync(r, "other", {"artifact": "current", "#h": [str(world.b)]})
+        await open_syncs_counted(world.community, [world.a, world.b], 2)
         done = await sync_to_async(run_action)(client, "/admin/buzz/channel/", "delete_channels", [channel.pk], "abuse")
         assert str(d) in done.page and "This cannot be undone" in done.page
+        assert done.open_syncs == 1  # the sync that covers the channel; not the one over b only
         await follow(r, "covers", covers, lambda s: False)
         assert _resynced(covers), covers.closed
         await _marker_arrives(w, r, "other", other, world, world.b)
@@ -376,9 +400,11 @@ async def test_policy_reset_in_the_admin_advances_the_stamp_and_resyncs_every_sy
         assert (await r2.auth(world.owner))[2] is True
         state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
         other = await open_sync(r2, "other", {"artifact": "current", "#h": [str(world.private)]})
+        await open_syncs_counted(world.community, [world.a, world.private], 2)
         done = await sync_to_async(run_action)(
             client, "/admin/buzz/community/", "reset_policies", [world.community.pk], "purge recovery rows"
         )
+        assert done.open_syncs == 2  # every sync of the community
         assert HOST in done.page and any("Reset the access policy" in m for m in done.messages), done.messages
         for conn, sub, held in ((r, "s", state), (r2, "other", other)):
             await follow(conn, sub, held, lambda s: False)
@@ -421,3 +447,15 @@ def test_the_retention_form_takes_the_commands_durations_and_saves_through_set_r
     assert policy.keep.days == 90
     records = audit("retention_set")
     assert [r.who for r in records] == ["admin:root", "admin:root"]
+
+
+def test_a_confirmation_page_with_bad_or_no_ids_goes_back_and_an_unknown_step_is_403(world: World) -> None:
+    client = client_for(make_superuser(), HOST)
+    for ids in ("", "abc", "999999", ",".join(str(n) for n in range(1, 300))):
+        page = client.get(f"/admin/buzz/channel/confirm/archive/?ids={ids}")
+        assert page.status_code == 302 and page["Location"] == "/admin/buzz/channel/", ids
+        posted = client.post(f"/admin/buzz/channel/confirm/archive/?ids={ids}", {"reason": "x", "_confirm": "1"})
+        assert posted.status_code == 302, ids
+    assert client.get("/admin/buzz/channel/confirm/nothing/?ids=1").status_code == 403
+    assert not AuditRecord.objects.exists()
+    assert not Channel.objects.filter(archived_at__isnull=False).exists()

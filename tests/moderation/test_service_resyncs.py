@@ -19,7 +19,15 @@ from artifacts.models import PolicyStamp
 from buzz.models import Channel
 from moderation import services
 from moderation.models import AuditAction, AuditRecord
-from tests.moderation.moderation_support import RELAY_ENV, World, closed, make_world, replay, view
+from tests.moderation.moderation_support import (
+    RELAY_ENV,
+    World,
+    closed,
+    make_world,
+    open_syncs_counted,
+    replay,
+    view,
+)
 from tests.support.factories import revision
 from tests.support.wire import accept, logged_in
 from tests.sync.support import follow, open_sync
@@ -45,11 +53,12 @@ async def test_admin_redaction_resyncs_and_is_a_relay_signed_9005(world: World, 
         await accept(a, head)
         state = await open_sync(m, "s", {"artifact": "current", "#h": [ch]})
         assert state.eose and d in state.heads
+        await open_syncs_counted(world.community, [world.ch], 1)
         preview = await _thread(lambda: services.preview_redact(world.community, [head["id"], "ab" * 32]))
         assert preview.withheld == (head["id"],) and preview.retiring == (d,) and preview.unknown == ("ab" * 32,)
-        assert preview.open_syncs >= 1  # this node listens on the channel
+        assert preview.open_syncs == 1  # the one open sync over the channel, from the relay's census
         plan = await _thread(lambda: services.redact(world.community, [head["id"]], actor="admin:root", reason="spam"))
-        assert plan.retiring == (d,)
+        assert plan.retiring == (d,) and plan.open_syncs == 1
         assert (await closed(m, "s")).startswith("resync:")
         assert await view(relay, world, world.member, {"artifact": "current", "#h": [ch]}) == []
         removals = await replay(m, "rm", {"#h": [ch], "kinds": [9005]})
@@ -60,6 +69,7 @@ async def test_admin_redaction_resyncs_and_is_a_relay_signed_9005(world: World, 
         assert event["content"] == "spam"
     record = await _thread(lambda: AuditRecord.objects.get(action=AuditAction.REDACT))
     assert record.who == "admin:root" and record.detail["withheld"] == [head["id"]] and record.detail["retired"] == [d]
+    assert record.detail["open_syncs"] == 1
     # Redacting it again changes nothing and withholds nothing.
     again = await _thread(lambda: services.redact(world.community, [head["id"]], actor="admin:root", reason="x"))
     assert again.withheld == () and again.unknown == (head["id"],)
@@ -70,9 +80,10 @@ async def test_policy_reset_advances_the_stamp_and_resyncs(world: World, relay_f
     async with logged_in(relay, world.member, host=HOST) as m:
         state = await open_sync(m, "s", {"artifact": "current", "#h": [str(world.ch), str(world.other)]})
         assert state.eose
+        await open_syncs_counted(world.community, [world.ch, world.other], 1)  # one sync over both: counted once
         before = await _thread(lambda: PolicyStamp.objects.filter(community=world.community).first())
         plan = await _thread(lambda: services.reset_policy(world.community, actor="admin:root", reason="rotate"))
-        assert set(plan.channels) >= {str(world.ch), str(world.other)}
+        assert set(plan.channels) >= {str(world.ch), str(world.other)} and plan.open_syncs == 1
         assert (await closed(m, "s")).startswith("resync:")
     stamp = await _thread(lambda: PolicyStamp.objects.get(community=world.community).stamp)
     assert stamp == (before.stamp if before else 0) + 1
