@@ -32,7 +32,7 @@ time, alternating (relay, SQL, relay, SQL, ...), so both see the same machine; w
 N > 1 there are N worker threads, each with its own HTTP and SQL connection.
 
 Plans: EXPLAIN (ANALYZE, BUFFERS) of the relay's statement, built by
-artifacts.selectors._current_where with the real parameters, and of the hand-written
+artifacts.selectors.current_where with the real parameters, and of the hand-written
 one; and the plan the relay's own backend actually ran, captured with auto_explain
 (session_preload_libraries set for the bench database only, in a separate relay
 process, after the prepared statement's first executions). --propose tries an index
@@ -336,13 +336,13 @@ def baseline_statement(f: dict[str, Any], community: int, token_hash: str) -> tu
 
 
 def relay_statement(f: dict[str, Any], community: int, channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
-    """The statement artifacts.selectors.query_events runs, built by its own _current_where."""
+    """The statement artifacts.selectors.query_events runs, built by its own current_where."""
     from artifacts import selectors
     from artifacts.query import parse_query_body
 
     q = parse_query_body([f])
     actor = SimpleNamespace(community=SimpleNamespace(id=community))
-    where, args = selectors._current_where(actor, q, channels)  # type: ignore[arg-type]
+    where, args = selectors.current_where(actor, q, channels)  # type: ignore[arg-type]
     table, order = selectors._FROM[q.mode]
     sql = f"SELECT r.raw FROM {table} WHERE {where} ORDER BY {order} LIMIT %s OFFSET %s"  # noqa: S608 - as selectors does
     return sql, [*args, q.limit, q.offset]
@@ -898,7 +898,7 @@ def print_report(results: dict[str, Any]) -> None:
     for phase, data in phases.items():
         for name, p in data.get("plans", {}).items():
             if phase == "as is":
-                print(f"[{phase}] [{name}] relay statement (built by artifacts.selectors._current_where):")
+                print(f"[{phase}] [{name}] relay statement (built by artifacts.selectors.current_where):")
                 print("    " + " ".join(p["relay_sql"].split())[:400])
             label = "custom plan" if phase == "as is" else "custom plan (what the relay runs under force_custom_plan)"
             print(f"[{phase}] [{name}] EXPLAIN (ANALYZE, BUFFERS) relay statement, real parameters, {label}:")
