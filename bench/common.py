@@ -353,11 +353,17 @@ class Server:
         return cpu_seconds(self.proc.pid)
 
 
+# The relay's own WebSocket protocol (buzz.ws.transport, a subclass of uvicorn's sans-I/O websockets
+# protocol that aborts a connection whose close can't be written in time), for the relay and for the
+# bare baselines alike, so both sides of a ratio are served the same way.
+RELAY_WS = "buzz.ws.transport:RelayWebSocketProtocol"
+
+
 def uvicorn_args(app: str, port: int) -> list[str]:
     return [
         PYTHON, "-m", "uvicorn", app,
         "--host", "127.0.0.1", "--port", str(port),
-        "--ws", "websockets-sansio", "--no-access-log", "--log-level", "warning",
+        "--ws", RELAY_WS, "--no-access-log", "--log-level", "warning",
         "--ws-per-message-deflate", "false",
     ]  # fmt: skip
 

@@ -4,7 +4,7 @@ On connect it sends one greeting of the same shape as the relay's AUTH
 challenge (["AUTH", 32 hex]), then echoes every text or binary frame back
 unchanged. Served by the same uvicorn command line as the relay:
 
-    python -m uvicorn echo_app:application --app-dir bench --ws websockets-sansio ...
+    python -m uvicorn echo_app:application --app-dir bench --ws buzz.ws.transport:RelayWebSocketProtocol ...
 
 HTTP requests get a 404, and lifespan is acknowledged.
 """
