@@ -174,6 +174,10 @@ WITH facts AS (
   INSERT INTO buzz_mention (community_id, pubkey, event_id, channel_id, kind, created_at)
   SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM art, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
+), ttl AS (
+  -- A write into a TTL channel pushes its deadline forward, as kind 9 does (buzz.chat.messages).
+  UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
+  WHERE community_id = %(community)s AND uuid = %(h)s AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM art)
 ),
 -- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
 {insert_ctes("stored", "ev", source="art")}
@@ -212,6 +216,10 @@ WITH head AS (
   SELECT %(removal_id)s::varchar, %(community)s, head.id, %(source)s, %(prev)s, %(id)s, %(removal_raw)s::text,
          nextval('artifacts_accept_seq'), clock_timestamp()
   FROM head WHERE %(removal_id)s::varchar IS NOT NULL
+), ttl AS (
+  -- A write into a TTL channel pushes its deadline forward, as kind 9 does (buzz.chat.messages).
+  UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
+  WHERE community_id = %(community)s AND uuid = %(h)s AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM head)
 ),
 -- Both are stored events: the revision in its channel, and a move's removal in the source.
 {insert_ctes("stored", "ev", source="head")},
