@@ -56,6 +56,19 @@ class BenchError(RuntimeError):
 # --- reporting ---------------------------------------------------------------
 
 
+def run_main(main: Callable[[], int]) -> None:
+    """A benchmark script's entry point: exit with main()'s status; a BenchError is one line and status 2,
+    Ctrl-C status 130 (the processes the script started are stopped by their ExitStacks)."""
+    try:
+        sys.exit(main())
+    except BenchError as err:
+        print(f"bench failed: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted; the processes this benchmark started were stopped", file=sys.stderr)
+        sys.exit(130)
+
+
 def nproc() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -334,11 +334,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as err:
-        print(f"bench failed: {err}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted; the processes this benchmark started were stopped", file=sys.stderr)
-        sys.exit(130)
+    common.run_main(main)
