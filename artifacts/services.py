@@ -67,6 +67,7 @@ from buzz.identity.communities import CommunityInfo
 from buzz.live import signals
 from buzz.nostr import Event, ProtocolError, Signer, verify_owner_attestation
 from buzz.runtime import runtime
+from buzz.sqltext import hot_statement
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ _ANCHOR_OK = """(%(root)s::varchar IS NULL OR EXISTS (
 # the channel it lives in (h for a missing d) and for h, the anchor answer and whether this event was
 # accepted before, as two rows (one per channel). A missing d and an unreadable one run this same statement.
 # No lock: the compare-and-set in _ADVANCE decides between competing edits.
-_READ = f"""
+_READ = hot_statement(f"""
 WITH art AS (
   SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, a.p_tags
   FROM (VALUES (1)) AS one (x)
@@ -144,12 +145,12 @@ WITH art AS (
 )
 SELECT f.*, art.*, {_ANCHOR_OK}, {_SEEN}
 FROM facts f, art
-"""  # noqa: S608 - composed from code, values are placeholders
+""")  # noqa: S608 - composed from code, values are placeholders
 
 # A create in one statement: the policy's facts for h and its decision as a condition (buzz.access.policy),
 # the anchor, the identity claimed with the revision and everything that goes with it; the answer's reason
 # is decide_post's on the returned facts.
-_CREATE = f"""
+_CREATE = hot_statement(f"""
 WITH facts AS (
 {access_facts_sql()}
 ), anchor AS (
@@ -185,12 +186,12 @@ SELECT f.*, (SELECT seq FROM rev), (SELECT ok FROM anchor),
        EXISTS (SELECT 1 FROM artifacts_artifact t
                WHERE t.d = %(d)s AND t.community_id IS NOT DISTINCT FROM %(community)s::bigint), {_SEEN}
 FROM facts f
-"""  # noqa: S608 - composed from code, values are placeholders
+""")  # noqa: S608 - composed from code, values are placeholders
 
 # Everything hangs on `head`, the compare-and-set: when the head is no longer prev it updates no row and
 # nothing else is written. Under READ COMMITTED an UPDATE that waited for a competing edit re-checks
 # head_id against the row that edit committed.
-_ADVANCE = f"""
+_ADVANCE = hot_statement(f"""
 WITH head AS (
   UPDATE artifacts_artifact SET head_id = %(id)s, home = %(h)s, root = %(root)s, deleted = %(deleted)s,
          retired = false, p_tags = %(p_tags)s::varchar[], changed_at = clock_timestamp()
@@ -225,7 +226,7 @@ WITH head AS (
 {insert_ctes("stored", "ev", source="head")},
 {insert_ctes("stored_removal", "rm", source="head")}
 SELECT seq FROM rev
-"""  # noqa: S608 - composed from code, values are placeholders
+""")  # noqa: S608 - composed from code, values are placeholders
 
 
 def removal_event(community: CommunityInfo, *, d: uuid.UUID, source: uuid.UUID, replaced: str) -> Event:
@@ -255,7 +256,8 @@ async def accept_revision(actor: Actor, event: Event) -> WriteResult:
     except ProtocolError as err:
         return await _refuse_malformed(actor, event, err.reason)
     owner = _owner(event)
-    pool = await runtime.pool()
+    # The write pool: generic plans only, pinned by tests/chat/test_hot_plans.py (buzz.runtime).
+    pool = await runtime.write_pool()
     # No transaction around the statements: a create is one atomic statement, and an edit's one write is
     # the compare-and-set statement (its read takes no lock, so a transaction would add BEGIN and COMMIT
     # round trips and nothing else).

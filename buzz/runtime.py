@@ -52,12 +52,23 @@ async def check_pooled(conn: AsyncConnection[Any]) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
-async def _open_pool(min_size: int, max_size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
+# The write pool's sessions plan each prepared statement once, without its parameters' values: a write
+# statement's custom plan cost more PostgreSQL CPU to make than to run (measured: 2.4 -> 1.3 ms of backend
+# CPU per kind-9 message), and its generic plan is pinned by tests/chat/test_hot_plans.py.
+GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
+
+
+async def _open_pool(
+    min_size: int, max_size: int, timeout: float, *, options: str | None = None
+) -> AsyncConnectionPool[AsyncConnection[Any]]:
+    kwargs: dict[str, Any] = {"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2}
+    if options is not None:
+        kwargs["options"] = options
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo_from_settings(),
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2},
+        kwargs=kwargs,
         open=False,
         timeout=timeout,
         check=check_pooled,
@@ -72,6 +83,7 @@ class Runtime:
     def __init__(self) -> None:
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._snapshots: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._writes: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._shared: dict[str, Any] = {}
         self._shared_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,9 +95,17 @@ class Runtime:
         self._hub_loop: asyncio.AbstractEventLoop | None = None
 
     async def pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        """The pool of the hot paths: writes, head reads, access checks, short reads."""
+        """The pool of the hot paths: head reads, access checks, short reads, writes other than those of
+        `write_pool`."""
         pools = await self._pools()
         return pools[0]
+
+    async def write_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """Connections for the statements of the write path whose generic plans are pinned (kind-9 messages,
+        NIP-AR revisions: tests/chat/test_hot_plans.py). They run with generic plans only (GENERIC_PLANS);
+        any other statement belongs in `pool`."""
+        pools = await self._pools()
+        return pools[2]
 
     async def snapshot_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         """Connections of their own for long read-only snapshots (NIP-AR sync rule 2), so that slow
@@ -93,24 +113,25 @@ class Runtime:
         pools = await self._pools()
         return pools[1]
 
-    async def _pools(
-        self,
-    ) -> tuple[AsyncConnectionPool[AsyncConnection[Any]], AsyncConnectionPool[AsyncConnection[Any]]]:
+    async def _pools(self) -> tuple[AsyncConnectionPool[AsyncConnection[Any]], ...]:
         loop = asyncio.get_running_loop()
-        if self._pool is not None and self._snapshots is not None and self._loop is loop:
-            return self._pool, self._snapshots
+        if self._pool is not None and self._snapshots is not None and self._writes is not None and self._loop is loop:
+            return self._pool, self._snapshots, self._writes
         if self._lock is None or self._loop is not loop:
             self._lock = asyncio.Lock()
             self._loop = loop
-            self._pool = self._snapshots = None
+            self._pool = self._snapshots = self._writes = None
         async with self._lock:
-            if self._pool is None or self._snapshots is None:
+            if self._pool is None or self._snapshots is None or self._writes is None:
                 limits = settings.BUZZ_DB_POOL
-                self._pool = await _open_pool(limits["min_size"], limits["max_size"], limits["timeout"])
-                self._snapshots = await _open_pool(0, limits["snapshot_max_size"], limits["timeout"])
-        if self._pool is None or self._snapshots is None:
+                timeout = limits["timeout"]
+                self._pool = await _open_pool(limits["min_size"], limits["max_size"], timeout)
+                self._snapshots = await _open_pool(0, limits["snapshot_max_size"], timeout)
+                # Opened on the first write, then kept (psycopg_pool closes an idle one after 10 min).
+                self._writes = await _open_pool(0, limits["write_max_size"], timeout, options=GENERIC_PLANS)
+        if self._pool is None or self._snapshots is None or self._writes is None:
             raise RuntimeError("database pool failed to open")
-        return self._pool, self._snapshots
+        return self._pool, self._snapshots, self._writes
 
     def shared(self, name: str, factory: Callable[[], T]) -> T:
         """A process-wide object of an app (e.g. a reader shared by every sync), one per event loop.
@@ -155,10 +176,10 @@ class Runtime:
             await publisher.flush(timeout=5.0)
         if hub is not None:
             await hub.aclose()
-        for pool in (self._pool, self._snapshots):
+        for pool in (self._pool, self._snapshots, self._writes):
             if pool is not None:
                 await pool.close()
-        self._pool = self._snapshots = None
+        self._pool = self._snapshots = self._writes = None
         client, self._redis = self._redis, None
         if client is not None:
             await client.aclose()

@@ -38,6 +38,7 @@ from buzz.identity.actor import Actor
 from buzz.live import signals
 from buzz.nostr import Event
 from buzz.runtime import runtime
+from buzz.sqltext import hot_statement
 
 KIND_MESSAGE = 9
 
@@ -46,7 +47,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 # One statement decides and writes: the policy's facts for h (buzz.access.policy), its decision as a
 # condition, and everything else only when it holds. Every lookup is by an exact key, and the root's only
 # when there is one (a generic plan must not fall back to scanning the channel: tests/chat/test_hot_plans.py).
-_POST_SQL = f"""
+_POST_SQL = hot_statement(f"""
 WITH facts AS (
 {access_facts_sql()}
 ), allowed AS (
@@ -85,7 +86,7 @@ WITH facts AS (
   WHERE id = (SELECT channel_pk FROM allowed) AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM ins)
 )
 SELECT f.*, (SELECT count(*) FROM ins), (SELECT min(kind) FROM bad_root) FROM facts f
-"""  # noqa: S608 - composed from code, values are placeholders
+""")  # noqa: S608 - composed from code, values are placeholders
 
 
 def thread_root(event: Event) -> str | None:
@@ -131,7 +132,8 @@ async def post_message(actor: Actor, event: Event) -> WriteResult:
         _, refused = await check_post(actor, event)
         return WriteResult.rejected(refused.reason)
     channel = channel_of(event)
-    pool = await runtime.pool()
+    # The write pool: generic plans only, pinned by tests/chat/test_hot_plans.py (buzz.runtime).
+    pool = await runtime.write_pool()
     async with pool.connection() as conn:
         row = await (await conn.execute(_POST_SQL, post_params(actor, event, channel))).fetchone()
     if row is None:

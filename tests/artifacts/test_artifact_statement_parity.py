@@ -141,7 +141,9 @@ async def tracing(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TracingPool]
     async def pool() -> TracingPool:
         return traced
 
+    # Both pools lend the one traced pool: the statements are compared, not the plans.
     monkeypatch.setattr(runtime, "pool", pool)
+    monkeypatch.setattr(runtime, "write_pool", pool)
     try:
         yield traced
     finally:

@@ -1,4 +1,4 @@
-"""The write services driven in-process, as a relay process drives them: through buzz.runtime's pool and
+"""The write services driven in-process, as a relay process drives them: through buzz.runtime's pools and
 publisher, against the test database and this run's Redis, with their round trips and PUBLISHes counted.
 
     async with Harness.open() as h:
@@ -67,7 +67,7 @@ class Harness:
         listener = client.pubsub()
         await listener.psubscribe(prefix + "*")
         try:
-            yield cls(PoolTracer(await runtime.pool()), listener, client, prefix)
+            yield cls(PoolTracer(await runtime.pool(), await runtime.write_pool()), listener, client, prefix)
         finally:
             # The runtime flushes its publisher but leaves its task to the loop (a relay's lasts as long).
             await runtime.publisher().aclose()

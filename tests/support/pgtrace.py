@@ -1,4 +1,4 @@
-"""Count the database round trips of code that uses buzz.runtime's pool, from libpq's own protocol trace.
+"""Count the database round trips of code that uses buzz.runtime's pools, from libpq's own protocol trace.
 
 Every connection the pool hands out while a window is open has libpq tracing on
 (`conn.pgconn.trace(fd)`, psycopg's binding of PQtrace): libpq writes each protocol message
@@ -7,7 +7,7 @@ the client sends ("F") and receives ("B"). The client waits for the server after
 after each simple Query (BEGIN, COMMIT, a statement without parameters). So the round trips are
 the frontend Sync and Query messages, counted per window:
 
-    tracer = PoolTracer(await runtime.pool())
+    tracer = PoolTracer(await runtime.pool(), await runtime.write_pool())
     async with tracer.window() as trips:
         await ingest(actor, event)
     trips.total, trips.statements, trips.prepares
@@ -53,7 +53,7 @@ class Trips:
 def _label(sql: str) -> str:
     words = " ".join(sql.replace("\\n", " ").split())
     if words.upper().startswith("WITH"):
-        names = re.findall(r"(?:WITH|\),) (\w+) AS \(", words)
+        names = re.findall(r"(?:WITH|\),) ?(\w+) AS ?\(", words)
         return f"WITH {','.join(names)}"
     return words if len(words) <= 60 else words[:57] + "..."
 
@@ -90,14 +90,17 @@ def parse_trace(text: str, named: dict[str, str]) -> Trips:
 
 
 class PoolTracer:
-    """Traces every connection `pool` hands out (by wrapping this pool object's getconn)."""
+    """Traces every connection the `pools` hand out (by wrapping each pool object's getconn)."""
 
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
-        self.pool = pool
+    def __init__(self, *pools: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
         self._seen: dict[int, AsyncConnection[Any]] = {}
         self._files: dict[int, IO[bytes]] = {}
         self._named: dict[int, dict[str, str]] = {}
         self._open = False
+        for pool in pools:
+            self._wrap(pool)
+
+    def _wrap(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
         original: Callable[..., Any] = pool.getconn
 
         async def getconn(timeout: float | None = None) -> AsyncConnection[Any]:
