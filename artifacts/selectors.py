@@ -146,32 +146,37 @@ Statement = Callable[[list[uuid.UUID]], tuple[str, list[Any]]]
 async def _read(actor: Actor, query: ArtifactQuery, statement: Statement, deadline: float | None) -> list[Any] | None:
     """Scope, then the view's statement, in one budgeted read-only snapshot. None: no channel in scope.
 
-    Four round trips: BEGIN with the settings (one simple query), the policy's read of the scope, the
-    view's statement, COMMIT. The pool's connections are in autocommit, so the transaction is opened
-    and closed here, by hand."""
+    Two round trips, in psycopg's pipeline mode: BEGIN, the transaction's settings and the policy's read
+    of the scope go in one; the view's statement and COMMIT in the other. The pool's connections are in
+    autocommit, so the transaction is opened and closed here, by hand."""
     pool = await runtime.pool()
     try:
         async with pool.connection() as conn:
-            # Custom plans: a generic plan for these array predicates ignores how selective each value
-            # is, and measured 5-27x slower than one hand-written statement (bench/query_current.py).
-            await conn.execute(
-                "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # type: ignore[arg-type]
-                f" SET LOCAL statement_timeout = {_remaining_ms(deadline)};"
-                " SET LOCAL plan_cache_mode = force_custom_plan"
-            )
             try:
-                # The access reads are part of the query: inside its budget and its snapshot.
-                channels = await scope(actor, query, conn=conn)
-                rows = None
-                if channels:
-                    sql, args = statement(channels)
-                    rows = await (await conn.execute(sql, args)).fetchall()
+                async with conn.pipeline():
+                    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    # Custom plans: a generic plan for these array predicates ignores how selective each
+                    # value is, and measured 5-27x slower than one hand-written statement
+                    # (bench/query_current.py).
+                    await conn.execute(
+                        "SELECT set_config('statement_timeout', %s, true),"
+                        " set_config('plan_cache_mode', 'force_custom_plan', true)",
+                        [str(_remaining_ms(deadline))],
+                    )
+                    # The access reads are part of the query: inside its budget and its snapshot.
+                    channels = await scope(actor, query, conn=conn)
+                    cursor = None
+                    if channels:
+                        sql, args = statement(channels)
+                        cursor = await conn.execute(sql, args)
+                    await conn.execute("COMMIT")
+                # The pipeline's end sent them and read every result: the rows are here.
+                rows = await cursor.fetchall() if cursor is not None else None
             except BaseException:
                 # A broken connection can't roll back; the pool discards it then.
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute("ROLLBACK")
                 raise
-            await conn.execute("COMMIT")
             return rows
     except psycopg.errors.QueryCanceled:
         raise QueryError(BUDGET_EXCEEDED) from None

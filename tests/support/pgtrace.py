@@ -3,9 +3,10 @@
 Every connection the pool hands out while a window is open has libpq tracing on
 (`conn.pgconn.trace(fd)`, psycopg's binding of PQtrace): libpq writes each protocol message
 the client sends ("F") and receives ("B"). The client waits for the server after each Sync
-(extended protocol: one statement with parameters, or the Parse of a prepared statement) and
-after each simple Query (BEGIN, COMMIT, a statement without parameters). So the round trips are
-the frontend Sync and Query messages, counted per window:
+(extended protocol: one statement with parameters, or the Parse of a prepared statement), after
+each Flush (pipeline mode: the statements sent since the last wait, whose results are wanted now)
+and after each simple Query (a statement without parameters). So the round trips are the frontend
+Sync, Flush and Query messages, counted per window:
 
     tracer = PoolTracer(await runtime.pool(), await runtime.write_pool())
     async with tracer.window() as trips:
@@ -62,8 +63,8 @@ def parse_trace(text: str, named: dict[str, str]) -> Trips:
     """Trips from a libpq trace (PQTRACE_SUPPRESS_TIMESTAMPS). `named` maps prepared statement names to
     their SQL across windows (a statement prepared in one window is executed by name in later ones)."""
     trips = Trips()
-    parsed: str | None = None  # SQL of a Parse since the last Sync
-    bound: str | None = None  # SQL of a Bind since the last Sync
+    parsed: str | None = None  # SQL of a Parse since the last wait
+    bound: list[str] = []  # SQL of the Binds since the last wait (several in pipeline mode)
     for entry in _MESSAGE.split(text):
         fields = entry.split("\t", 3)
         if len(fields) < 3 or fields[0] != "F":
@@ -79,13 +80,16 @@ def parse_trace(text: str, named: dict[str, str]) -> Trips:
             parsed = sql
         elif message == "Bind" and len(quoted) >= 2:
             statement = quoted[1]
-            bound = named.get(statement, parsed or statement) if statement else (parsed or "")
-        elif message == "Sync":
-            if bound is not None:
-                trips.statements.append(_label(bound))
+            bound.append(named.get(statement, parsed or statement) if statement else (parsed or ""))
+        elif message in ("Sync", "Flush"):
+            # The client waits for the server after each (a Flush: pipeline mode wants results now).
+            if bound:
+                trips.statements.append(" + ".join(_label(sql) for sql in bound))
             elif parsed is not None:
                 trips.prepares += 1
-            parsed = bound = None
+            elif message == "Sync":
+                trips.statements.append("(sync)")
+            parsed, bound = None, []
     return trips
 
 
