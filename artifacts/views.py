@@ -68,7 +68,7 @@ async def _within_budget(request: HttpRequest, read: Callable[[Actor, ArtifactQu
 @csrf_exempt
 @json_failures()
 async def query(request: HttpRequest) -> HttpResponse:
-    if request.method == "POST" and incremental.enabled() and incremental.looks_incremental(request.body):
+    if request.method == "POST" and is_incremental(request.body):
         return await _incremental(request)
     refused = _transport_error(request)
     if refused is not None:
@@ -116,6 +116,20 @@ def _refusal(err: Refused) -> JsonResponse:
     if code is None:
         return _incremental_failure(incremental.invalid(err.reason))
     return JsonResponse({"error": code, "reason": None, "message": err.reason}, status=status_of(err.reason))
+
+
+def is_incremental(body: bytes) -> bool:
+    """Is this POST /query body an incremental read this relay serves (the front's predicate)?"""
+    return incremental.enabled() and incremental.looks_incremental(body)
+
+
+@csrf_exempt
+@json_failures()
+async def incremental_query(request: HttpRequest) -> HttpResponse:
+    """POST /query with an incremental body, served by the front on the event loop (buzz.web.front,
+    registered in ArtifactsConfig.ready): the same answer as `query` gives it, without Django's
+    middleware thread hops."""
+    return await _incremental(request)
 
 
 async def _incremental(request: HttpRequest) -> HttpResponse:
