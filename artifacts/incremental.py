@@ -36,6 +36,7 @@ import datetime as dt
 import hashlib
 import json
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -50,8 +51,19 @@ from psycopg import AsyncConnection
 
 from artifacts.query import ArtifactQuery, QueryError, parse_query
 from artifacts.selectors import HEAD_JOIN, current_where
-from buzz.access.policy import Denied, check_reader, decide_read, load_access_many, wide_scope
+from buzz.access.policy import (
+    Denied,
+    check_reader,
+    decide_read,
+    load_access_many,
+    wide_scope,
+    wide_scope_of,
+    wide_scope_statement,
+)
 from buzz.identity.actor import Actor
+from buzz.identity.communities import CommunityInfo
+from buzz.identity.httpauth import BEARER_REFUSED, AuthFailure
+from buzz.identity.tokens import BEARER_LOOKUP, bearer_actor, bearer_lookup
 from buzz.runtime import runtime
 
 VERSION: Final = 1
@@ -452,38 +464,102 @@ def _statement_ms(deadline: float) -> int:
     return max(1, min(STATEMENT_BUDGET_MS, left))
 
 
+@dataclass(frozen=True, slots=True)
+class Bearer:
+    """An `Authorization: Bearer` credential that the read checks in its first round trip, inside its
+    transaction, with the statement authenticate_bearer runs (buzz.identity.tokens)."""
+
+    community: CommunityInfo
+    header: str
+
+
+# Token hash -> (token id, pubkey), as its row says: a token's holder never changes, so knowing it before
+# the lookup lets the first round trip carry the scope read too. Whether the token is live, admitted and
+# what it covers is read fresh every time; a hit is only used when the lookup returns the same holder.
+_HOLDERS: Final[OrderedDict[tuple[int, str], tuple[int, str]]] = OrderedDict()
+_HOLDERS_MAX: Final = 4096
+
+
+def _holder(key: tuple[int, str]) -> tuple[int, str] | None:
+    found = _HOLDERS.get(key)
+    if found is not None:
+        _HOLDERS.move_to_end(key)
+    return found
+
+
+def holder_of(actor: Actor) -> tuple[str, int | None]:
+    return actor.pubkey, actor.token_id
+
+
+def _remember_holder(key: tuple[int, str], actor: Actor) -> None:
+    if actor.token_id is None:
+        return
+    _HOLDERS[key] = (actor.token_id, actor.pubkey)
+    _HOLDERS.move_to_end(key)
+    while len(_HOLDERS) > _HOLDERS_MAX:
+        _HOLDERS.popitem(last=False)
+
+
 @dataclass(slots=True)
 class Snapshot:
     conn: AsyncConnection[Any]
     now: dt.datetime  # the database clock
     stamp: int  # the community's policy stamp
     ttl: frozenset[uuid.UUID]  # the community's TTL channels
+    actor: Actor  # who reads (a Bearer credential's holder, checked in this transaction)
+    wide: tuple[Any] | None = None  # the wide scope's row (no #h), when the first round trip read it
     finished: bool = False  # committed by `finish`
 
 
 @contextlib.asynccontextmanager
-async def _transaction(deadline: float, community_id: int) -> AsyncIterator[Snapshot]:
+async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = False) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
-    policy stamp and the TTL channels read, in one round trip (the pool's connections are autocommit, so
-    BEGIN is sent with them). Commit is sent with the last statement (`finish`)."""
+    policy stamp, the TTL channels and, for a Bearer credential, the token and its holder's admission
+    read: one round trip (a pipeline; the pool's connections are autocommit, so BEGIN is sent with them).
+    With `wide` (a read without #h) and a reader known before the round trip (an Actor, or a token whose
+    holder this process has seen), the policy's wide scope is read in it too. Commit is sent with the
+    last statement (`finish`). Raises AuthFailure for a token it doesn't accept, Denied."""
+    community = who.community
+    params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
+    if isinstance(who, Bearer) and params is None:
+        raise AuthFailure(BEARER_REFUSED)  # no token of ours: no statement needed
+    key = (int(community.id), str(params["hash"])) if params is not None else None
+    known: Actor | None = who if isinstance(who, Actor) else None
+    if key is not None:
+        holder = _holder(key)
+        if holder is not None:
+            known = Actor(community=community, pubkey=holder[1], token_id=holder[0])
     pool = await runtime.pool()
     async with pool.connection() as conn:
-        community = int(community_id)
-        cursor = await conn.execute(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # noqa: S608 - integers only
-            f" SET LOCAL statement_timeout = {_statement_ms(deadline)};"
-            " SET LOCAL plan_cache_mode = force_custom_plan;"
-            " SELECT clock_timestamp(),"
-            f" (SELECT stamp FROM artifacts_policystamp WHERE community_id = {community}),"
-            f" ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = {community} AND ttl_seconds IS NOT NULL)"
-        )
+        community_id = int(community.id)
         try:
-            while cursor.nextset():
-                pass
-            row = await cursor.fetchone()
+            async with conn.pipeline():
+                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                # set_config(..., true) is SET LOCAL: the budget bounds every later statement.
+                head = await conn.execute(
+                    "SELECT set_config('statement_timeout', %s, true),"
+                    " set_config('plan_cache_mode', 'force_custom_plan', true), clock_timestamp(),"
+                    " (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s),"
+                    " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL)",
+                    (str(_statement_ms(deadline)), community_id, community_id),
+                )
+                token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
+                scoped = None
+                if wide and known is not None:
+                    scoped = await conn.execute(*wide_scope_statement(known))
+            row = await head.fetchone()
             if row is None:
                 raise unavailable("the database did not answer; retry", "database")
-            snap = Snapshot(conn, row[0], int(row[1] or 0), frozenset(row[2]))
+            actor = bearer_actor(community, await token.fetchone()) if token is not None else who
+            if not isinstance(actor, Actor):
+                raise AuthFailure(BEARER_REFUSED)
+            if key is not None:
+                _remember_holder(key, actor)
+            snap = Snapshot(conn, row[2], int(row[3] or 0), frozenset(row[4]), actor)
+            # The scope statement's parameters are the same for `known` and for `actor` when the holder is;
+            # `scope` reads its row with the token's fresh scopes and channels, after the token checks.
+            if scoped is not None and known is not None and (known.pubkey, known.token_id) == holder_of(actor):
+                snap.wide = (await scoped.fetchone(),)
             yield snap
             if not snap.finished:
                 await conn.execute("COMMIT")
@@ -504,9 +580,7 @@ async def finish(snap: Snapshot, sql: str, args: list[Any]) -> list[Any]:
     return await cursor.fetchall()
 
 
-async def scope(
-    actor: Actor, query: ArtifactQuery, conn: AsyncConnection[Any], ttl: frozenset[uuid.UUID]
-) -> list[uuid.UUID]:
+async def scope(snap: Snapshot, query: ArtifactQuery) -> list[uuid.UUID]:
     """The permanent channels this read covers, sorted (the policy decides readability).
 
     Without #h: what an ordinary read covers (joined or listed readable channels). With #h: the named
@@ -514,9 +588,14 @@ async def scope(
     removal can still report it (removeChannel) and the answer is the same for missing channels.
     TTL channels contribute nothing. Raises Denied for the reader's standing (ban, admission, token).
     """
+    actor, conn, ttl = snap.actor, snap.conn, snap.ttl
     named = query.channels()
     if named is None:
-        return sorted(c for c in await wide_scope(actor, conn=conn) if c not in ttl)
+        if snap.wide is not None:
+            wide = wide_scope_of(actor, snap.wide[0])
+        else:
+            wide = await wide_scope(actor, conn=conn)
+        return sorted(c for c in wide if c not in ttl)
     standing = await check_reader(actor, conn=conn)
     if not standing.ok:
         raise Denied(standing.reason)
@@ -664,14 +743,14 @@ def _entry(src: int, chan: uuid.UUID | None, d: uuid.UUID | None, raw: str | Non
     return None if src == SRC_GRANT else _remove(d)
 
 
-async def read_page(actor: Actor, request: Request, deadline: float) -> str:
-    """One page of a pass: the response body. Raises IncrementalError, Denied."""
+async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> str:
+    """One page of a pass: the response body. Raises IncrementalError, Denied, AuthFailure."""
     n = page_rows()
     bound = response_bytes()
-    async with _transaction(deadline, actor.community.id) as snap:
-        conn = snap.conn
+    async with _transaction(deadline, who, wide=request.query.channels() is None) as snap:
+        actor = snap.actor
         run = resume(actor, request, now=snap.now, stamp=snap.stamp)
-        channels = await scope(actor, request.query, conn, snap.ttl)
+        channels = await scope(snap, request.query)
         if run.since is None:
             rows: list[Any] = []
             if channels:
@@ -712,14 +791,15 @@ async def read_page(actor: Actor, request: Request, deadline: float) -> str:
     return _page_body(started, changes, None, mint_checkpoint(actor, request, stamp=run.stamp, start=run.start))
 
 
-async def read_current(actor: Actor, request: Request, deadline: float) -> str:
-    """A current-ID read on the writer: exactly one upsert or remove per id, in request order, never cut."""
+async def read_current(who: Actor | Bearer, request: Request, deadline: float) -> str:
+    """A current-ID read on the writer: exactly one upsert or remove per id, in request order, never cut.
+    Raises IncrementalError, Denied, AuthFailure."""
     ids = request.ids or ()
     parsed = [canonical_uuid(v) for v in ids]
     wanted = [p for p in parsed if p is not None]
-    async with _transaction(deadline, actor.community.id) as snap:
-        conn, now = snap.conn, snap.now
-        channels = await scope(actor, request.query, conn, snap.ttl)
+    async with _transaction(deadline, who, wide=request.query.channels() is None) as snap:
+        now, actor = snap.now, snap.actor
+        channels = await scope(snap, request.query)
         found: dict[uuid.UUID, str] = {}
         if channels and wanted:
             where, args = current_where(actor, request.query, channels)

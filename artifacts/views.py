@@ -19,7 +19,7 @@ from artifacts import incremental, selectors
 from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query_body
 from buzz.errors import Refused
 from buzz.identity.actor import Actor
-from buzz.identity.httpauth import authenticate
+from buzz.identity.httpauth import authenticate, bearer_header
 from buzz.web.errors import error_response, json_failures, status_of
 from buzz.web.views import community_of
 
@@ -146,12 +146,23 @@ async def _incremental(request: HttpRequest) -> HttpResponse:
     try:
         async with incremental.operation(deadline):
             body = request.body
-            actor = await authenticate(request, community_of(request), body)
-            parsed = incremental.parse_request(json.loads(body))
+            community = community_of(request)
+            try:
+                parsed = incremental.parse_request(json.loads(body))
+            except incremental.IncrementalError:
+                await authenticate(request, community, body)  # a credential's refusal comes first
+                raise
+            header = bearer_header(request)
+            # A bearer token is checked in the read's own first round trip; NIP-98 before it (its replay guard).
+            who: Actor | incremental.Bearer = (
+                incremental.Bearer(community, header)
+                if header is not None
+                else await authenticate(request, community, body)
+            )
             if parsed.ids is not None:
-                text = await incremental.read_current(actor, parsed, deadline)
+                text = await incremental.read_current(who, parsed, deadline)
             else:
-                text = await incremental.read_page(actor, parsed, deadline)
+                text = await incremental.read_page(who, parsed, deadline)
     except incremental.IncrementalError as err:
         return _incremental_failure(err)
     except Refused as err:
