@@ -6,11 +6,12 @@ class ArtifactsConfig(AppConfig):
     verbose_name = "NIP-AR artifacts"
 
     def ready(self) -> None:
-        from artifacts import incremental, redaction, services, sync
+        from artifacts import incremental, redaction, services, sync, views
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
         from buzz.access.changes import register_access_hook
         from buzz.chat.removals import register_removal_target
         from buzz.events.ingest import register_kind
+        from buzz.web.front import register_route
         from buzz.web.nip11 import register_section
         from buzz.ws.modes import register_req_mode
 
@@ -34,3 +35,7 @@ class ArtifactsConfig(AppConfig):
         register_removal_target(KIND_REMOVAL, redaction.redact_removal)
         # NIP-AR incremental reads: every access change advances the community's policy stamp, in its transaction.
         register_access_hook(incremental.advance_policy_stamp)
+        # ... and are served on the event loop, before Django's middleware chain (buzz.web.front).
+        register_route(
+            "POST", "/query", accepts=views.is_incremental, view=views.incremental_query, max_body=views.MAX_BODY
+        )

@@ -36,6 +36,7 @@ import datetime as dt
 import hashlib
 import json
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -50,8 +51,19 @@ from psycopg import AsyncConnection
 
 from artifacts.query import ArtifactQuery, QueryError, parse_query
 from artifacts.selectors import HEAD_JOIN, current_where
-from buzz.access.policy import Denied, check_reader, decide_read, load_access_many, wide_scope
+from buzz.access.policy import (
+    Denied,
+    check_reader,
+    decide_read,
+    load_access_many,
+    wide_scope,
+    wide_scope_of,
+    wide_scope_statement,
+)
 from buzz.identity.actor import Actor
+from buzz.identity.communities import CommunityInfo
+from buzz.identity.httpauth import BEARER_REFUSED, AuthFailure
+from buzz.identity.tokens import BEARER_LOOKUP, bearer_actor, bearer_lookup
 from buzz.runtime import runtime
 
 VERSION: Final = 1
@@ -452,38 +464,105 @@ def _statement_ms(deadline: float) -> int:
     return max(1, min(STATEMENT_BUDGET_MS, left))
 
 
+@dataclass(frozen=True, slots=True)
+class Bearer:
+    """An `Authorization: Bearer` credential that the read checks in its first round trip, inside its
+    transaction, with the statement authenticate_bearer runs (buzz.identity.tokens)."""
+
+    community: CommunityInfo
+    header: str
+
+
+# Token hash -> (token id, pubkey), as its row says: a token's holder never changes, so knowing it before
+# the lookup lets the first round trip carry the scope read too. Whether the token is live, admitted and
+# what it covers is read fresh every time; a hit is only used when the lookup returns the same holder.
+_HOLDERS: Final[OrderedDict[tuple[int, str], tuple[int, str, frozenset[str] | None]]] = OrderedDict()
+_HOLDERS_MAX: Final = 4096
+
+
+def _holder(key: tuple[int, str]) -> tuple[int, str, frozenset[str] | None] | None:
+    found = _HOLDERS.get(key)
+    if found is not None:
+        _HOLDERS.move_to_end(key)
+    return found
+
+
+def holder_of(actor: Actor) -> tuple[str, int | None]:
+    return actor.pubkey, actor.token_id
+
+
+def _remember_holder(key: tuple[int, str], actor: Actor) -> None:
+    if actor.token_id is None:
+        return
+    _HOLDERS[key] = (actor.token_id, actor.pubkey, actor.channels)
+    _HOLDERS.move_to_end(key)
+    while len(_HOLDERS) > _HOLDERS_MAX:
+        _HOLDERS.popitem(last=False)
+
+
 @dataclass(slots=True)
 class Snapshot:
     conn: AsyncConnection[Any]
     now: dt.datetime  # the database clock
     stamp: int  # the community's policy stamp
     ttl: frozenset[uuid.UUID]  # the community's TTL channels
+    actor: Actor  # who reads (a Bearer credential's holder, checked in this transaction)
+    wide: tuple[Any] | None = None  # the wide scope's row (no #h), when the first round trip read it
     finished: bool = False  # committed by `finish`
 
 
+# A transaction's first statement after BEGIN: its settings (set_config(..., true) is SET LOCAL, so the
+# budget bounds every later statement), the database clock, the policy stamp and the TTL channels.
+_HEAD_SQL: Final = (
+    "SELECT set_config('statement_timeout', %s, true),"
+    " set_config('plan_cache_mode', 'force_custom_plan', true), clock_timestamp(),"
+    " (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s),"
+    " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL)"
+)
+
+
 @contextlib.asynccontextmanager
-async def _transaction(deadline: float, community_id: int) -> AsyncIterator[Snapshot]:
+async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = False) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
-    policy stamp and the TTL channels read, in one round trip (the pool's connections are autocommit, so
-    BEGIN is sent with them). Commit is sent with the last statement (`finish`)."""
+    policy stamp, the TTL channels and, for a Bearer credential, the token and its holder's admission
+    read: one round trip (a pipeline; the pool's connections are autocommit, so BEGIN is sent with them).
+    With `wide` (a read without #h) and a reader known before the round trip (an Actor, or a token whose
+    holder this process has seen), the policy's wide scope is read in it too. Commit is sent with the
+    last statement (`finish`). Raises AuthFailure for a token it doesn't accept, Denied."""
+    community = who.community
+    params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
+    if isinstance(who, Bearer) and params is None:
+        raise AuthFailure(BEARER_REFUSED)  # no token of ours: no statement needed
+    key = (int(community.id), str(params["hash"])) if params is not None else None
+    known: Actor | None = who if isinstance(who, Actor) else None
+    if key is not None:
+        holder = _holder(key)
+        if holder is not None:
+            known = Actor(community=community, pubkey=holder[1], token_id=holder[0], channels=holder[2])
     pool = await runtime.pool()
     async with pool.connection() as conn:
-        community = int(community_id)
-        cursor = await conn.execute(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY;"  # noqa: S608 - integers only
-            f" SET LOCAL statement_timeout = {_statement_ms(deadline)};"
-            " SET LOCAL plan_cache_mode = force_custom_plan;"
-            " SELECT clock_timestamp(),"
-            f" (SELECT stamp FROM artifacts_policystamp WHERE community_id = {community}),"
-            f" ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = {community} AND ttl_seconds IS NOT NULL)"
-        )
+        community_id = int(community.id)
         try:
-            while cursor.nextset():
-                pass
-            row = await cursor.fetchone()
+            async with conn.pipeline():
+                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
+                token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
+                scoped = None
+                if wide and known is not None:
+                    scoped = await conn.execute(*wide_scope_statement(known))
+            row = await head.fetchone()
             if row is None:
                 raise unavailable("the database did not answer; retry", "database")
-            snap = Snapshot(conn, row[0], int(row[1] or 0), frozenset(row[2]))
+            actor = bearer_actor(community, await token.fetchone()) if token is not None else who
+            if not isinstance(actor, Actor):
+                raise AuthFailure(BEARER_REFUSED)
+            if key is not None:
+                _remember_holder(key, actor)
+            snap = Snapshot(conn, row[2], int(row[3] or 0), frozenset(row[4]), actor)
+            # The scope statement's parameters are the same for `known` and for `actor` when the holder is;
+            # `scope` reads its row with the token's fresh scopes and channels, after the token checks.
+            if scoped is not None and known is not None and (known.pubkey, known.token_id) == holder_of(actor):
+                snap.wide = (await scoped.fetchone(),)
             yield snap
             if not snap.finished:
                 await conn.execute("COMMIT")
@@ -504,9 +583,7 @@ async def finish(snap: Snapshot, sql: str, args: list[Any]) -> list[Any]:
     return await cursor.fetchall()
 
 
-async def scope(
-    actor: Actor, query: ArtifactQuery, conn: AsyncConnection[Any], ttl: frozenset[uuid.UUID]
-) -> list[uuid.UUID]:
+async def scope(snap: Snapshot, query: ArtifactQuery) -> list[uuid.UUID]:
     """The permanent channels this read covers, sorted (the policy decides readability).
 
     Without #h: what an ordinary read covers (joined or listed readable channels). With #h: the named
@@ -514,9 +591,14 @@ async def scope(
     removal can still report it (removeChannel) and the answer is the same for missing channels.
     TTL channels contribute nothing. Raises Denied for the reader's standing (ban, admission, token).
     """
+    actor, conn, ttl = snap.actor, snap.conn, snap.ttl
     named = query.channels()
     if named is None:
-        return sorted(c for c in await wide_scope(actor, conn=conn) if c not in ttl)
+        if snap.wide is not None:
+            wide = wide_scope_of(actor, snap.wide[0])
+        else:
+            wide = await wide_scope(actor, conn=conn)
+        return sorted(c for c in wide if c not in ttl)
     standing = await check_reader(actor, conn=conn)
     if not standing.ok:
         raise Denied(standing.reason)
@@ -664,14 +746,17 @@ def _entry(src: int, chan: uuid.UUID | None, d: uuid.UUID | None, raw: str | Non
     return None if src == SRC_GRANT else _remove(d)
 
 
-async def read_page(actor: Actor, request: Request, deadline: float) -> str:
-    """One page of a pass: the response body. Raises IncrementalError, Denied."""
+async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> str:
+    """One page of a pass: the response body. Raises IncrementalError, Denied, AuthFailure."""
     n = page_rows()
-    bound = response_bytes()
-    async with _transaction(deadline, actor.community.id) as snap:
-        conn = snap.conn
+    fast = await _continue_in_one_trip(who, request, deadline, n)
+    if fast is not None:
+        return _page(*fast, n)
+    async with _transaction(deadline, who, wide=request.query.channels() is None) as snap:
+        actor = snap.actor
         run = resume(actor, request, now=snap.now, stamp=snap.stamp)
-        channels = await scope(actor, request.query, conn, snap.ttl)
+        channels = await scope(snap, request.query)
+        _remember_scope(actor, request, channels)
         if run.since is None:
             rows: list[Any] = []
             if channels:
@@ -681,6 +766,104 @@ async def read_page(actor: Actor, request: Request, deadline: float) -> str:
             # With no readable channel there are no heads, grants or moves, but removals still count.
             sql, args = _later_sql(actor, request.query, channels, run, run.since, n + 1)
             rows = await finish(snap, sql, args)
+    return _page(actor, request, run, rows, n)
+
+
+# (community, reader digest, query digest) -> the channels the reader's last page of this query covered
+# (permanent, sorted). A continuation whose reader is known sends its page statement with them in its
+# first round trip (`_continue_in_one_trip`); the answer is used only when the scope read in the same
+# snapshot is the same, else the page is read again. Never a permission: a guess that is checked.
+_SCOPES: Final[OrderedDict[tuple[int, str, str], list[uuid.UUID]]] = OrderedDict()
+_SCOPES_MAX: Final = 4096
+
+
+def _scope_key(actor: Actor, request: Request) -> tuple[int, str, str]:
+    return (int(actor.community.id), reader_digest(actor), request.digest)
+
+
+def _remember_scope(actor: Actor, request: Request, channels: list[uuid.UUID]) -> None:
+    key = _scope_key(actor, request)
+    _SCOPES[key] = channels
+    _SCOPES.move_to_end(key)
+    while len(_SCOPES) > _SCOPES_MAX:
+        _SCOPES.popitem(last=False)
+
+
+async def _continue_in_one_trip(
+    who: Actor | Bearer, request: Request, deadline: float, n: int
+) -> tuple[Actor, Request, Pass, list[Any]] | None:
+    """A continuation (cursor) of a read without #h in one round trip: BEGIN, the settings, clock, stamp and
+    TTL channels, the token, the wide scope, the page statement over the scope of the reader's last page,
+    and COMMIT, in one pipeline, all in one snapshot. Then every check runs as `read_page` runs it, in its
+    order (the token, the cursor against the clock and the policy stamp, the reader's standing), and the
+    page is the answer only when the reader, the pass and the scope are the ones the statement was built
+    for. None: not such a request, or a guess that didn't hold (`read_page` reads it the usual way)."""
+    if request.cursor is None or request.query.channels() is not None:
+        return None
+    community = who.community
+    params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
+    known: Actor | None = who if isinstance(who, Actor) else None
+    if params is not None:
+        holder = _holder((int(community.id), str(params["hash"])))
+        if holder is not None:
+            known = Actor(community=community, pubkey=holder[1], token_id=holder[0], channels=holder[2])
+    if known is None:
+        return None
+    guess = _SCOPES.get(_scope_key(known, request))
+    if not guess:
+        return None
+    try:
+        payload = open_token("cursor", request.cursor)
+        start, stamp = _int(payload, "s"), _int(payload, "p")
+        # The cursor's own clock and stamp: `resume` checks them against the database's below.
+        planned = resume(known, request, now=from_micros(start), stamp=stamp)
+    except IncrementalError:
+        return None  # `read_page` answers it, after the token check
+    since = planned.since
+    if since is None:
+        sql, args = _initial_sql(known, request.query, guess, planned, n + 1)
+    else:
+        sql, args = _later_sql(known, request.query, guess, planned, since, n + 1)
+    pool = await runtime.pool()
+    async with pool.connection() as conn:
+        community_id = int(community.id)
+        try:
+            async with conn.pipeline():
+                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
+                token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
+                scoped = await conn.execute(*wide_scope_statement(known))
+                page = await conn.execute(sql, args)  # type: ignore[arg-type]
+                await conn.execute("COMMIT")
+            row = await head.fetchone()
+            token_row = await token.fetchone() if token is not None else None
+            scope_row = await scoped.fetchone()
+            rows = await page.fetchall()
+        except BaseException:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.ACTIVE:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+            raise
+    if row is None:
+        raise unavailable("the database did not answer; retry", "database")
+    actor = bearer_actor(community, token_row) if params is not None else who
+    if not isinstance(actor, Actor):
+        raise AuthFailure(BEARER_REFUSED)
+    if params is not None:
+        _remember_holder((int(community.id), str(params["hash"])), actor)
+    now, ttl = row[2], frozenset(row[4])
+    run = resume(actor, request, now=now, stamp=int(row[3] or 0))
+    channels = sorted(c for c in wide_scope_of(actor, scope_row) if c not in ttl)
+    _remember_scope(actor, request, channels)
+    same_reader = (actor.pubkey, actor.token_id, actor.channels) == (known.pubkey, known.token_id, known.channels)
+    if not same_reader or channels != guess or run != planned:
+        return None
+    return actor, request, run, rows
+
+
+def _page(actor: Actor, request: Request, run: Pass, rows: list[Any], n: int) -> str:
+    """The page's body from its rows (at most n + 1: one more says there is more)."""
+    bound = response_bytes()
     changes: list[str] = []
     size = _ENVELOPE_BYTES
     last: Position | None = None
@@ -712,14 +895,15 @@ async def read_page(actor: Actor, request: Request, deadline: float) -> str:
     return _page_body(started, changes, None, mint_checkpoint(actor, request, stamp=run.stamp, start=run.start))
 
 
-async def read_current(actor: Actor, request: Request, deadline: float) -> str:
-    """A current-ID read on the writer: exactly one upsert or remove per id, in request order, never cut."""
+async def read_current(who: Actor | Bearer, request: Request, deadline: float) -> str:
+    """A current-ID read on the writer: exactly one upsert or remove per id, in request order, never cut.
+    Raises IncrementalError, Denied, AuthFailure."""
     ids = request.ids or ()
     parsed = [canonical_uuid(v) for v in ids]
     wanted = [p for p in parsed if p is not None]
-    async with _transaction(deadline, actor.community.id) as snap:
-        conn, now = snap.conn, snap.now
-        channels = await scope(actor, request.query, conn, snap.ttl)
+    async with _transaction(deadline, who, wide=request.query.channels() is None) as snap:
+        now, actor = snap.now, snap.actor
+        channels = await scope(snap, request.query)
         found: dict[uuid.UUID, str] = {}
         if channels and wanted:
             where, args = current_where(actor, request.query, channels)

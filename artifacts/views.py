@@ -19,7 +19,7 @@ from artifacts import incremental, selectors
 from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query_body
 from buzz.errors import Refused
 from buzz.identity.actor import Actor
-from buzz.identity.httpauth import authenticate
+from buzz.identity.httpauth import authenticate, bearer_header
 from buzz.web.errors import error_response, json_failures, status_of
 from buzz.web.views import community_of
 
@@ -68,7 +68,7 @@ async def _within_budget(request: HttpRequest, read: Callable[[Actor, ArtifactQu
 @csrf_exempt
 @json_failures()
 async def query(request: HttpRequest) -> HttpResponse:
-    if request.method == "POST" and incremental.enabled() and incremental.looks_incremental(request.body):
+    if request.method == "POST" and is_incremental(request.body):
         return await _incremental(request)
     refused = _transport_error(request)
     if refused is not None:
@@ -118,6 +118,20 @@ def _refusal(err: Refused) -> JsonResponse:
     return JsonResponse({"error": code, "reason": None, "message": err.reason}, status=status_of(err.reason))
 
 
+def is_incremental(body: bytes) -> bool:
+    """Is this POST /query body an incremental read this relay serves (the front's predicate)?"""
+    return incremental.enabled() and incremental.looks_incremental(body)
+
+
+@csrf_exempt
+@json_failures()
+async def incremental_query(request: HttpRequest) -> HttpResponse:
+    """POST /query with an incremental body, served by the front on the event loop (buzz.web.front,
+    registered in ArtifactsConfig.ready): the same answer as `query` gives it, without Django's
+    middleware thread hops."""
+    return await _incremental(request)
+
+
 async def _incremental(request: HttpRequest) -> HttpResponse:
     """NIP-AR incremental reads (artifacts.incremental): authentication, the request and the read, all in
     one operation slot and budget. Every failure is a JSON {"error", "reason", "message"}; none carries
@@ -132,12 +146,23 @@ async def _incremental(request: HttpRequest) -> HttpResponse:
     try:
         async with incremental.operation(deadline):
             body = request.body
-            actor = await authenticate(request, community_of(request), body)
-            parsed = incremental.parse_request(json.loads(body))
+            community = community_of(request)
+            try:
+                parsed = incremental.parse_request(json.loads(body))
+            except incremental.IncrementalError:
+                await authenticate(request, community, body)  # a credential's refusal comes first
+                raise
+            header = bearer_header(request)
+            # A bearer token is checked in the read's own first round trip; NIP-98 before it (its replay guard).
+            who: Actor | incremental.Bearer = (
+                incremental.Bearer(community, header)
+                if header is not None
+                else await authenticate(request, community, body)
+            )
             if parsed.ids is not None:
-                text = await incremental.read_current(actor, parsed, deadline)
+                text = await incremental.read_current(who, parsed, deadline)
             else:
-                text = await incremental.read_page(actor, parsed, deadline)
+                text = await incremental.read_page(who, parsed, deadline)
     except incremental.IncrementalError as err:
         return _incremental_failure(err)
     except Refused as err:

@@ -20,6 +20,7 @@ django_http = get_asgi_application()
 
 from buzz.identity.communities import directory, host_header_ok  # noqa: E402  (needs Django set up first)
 from buzz.runtime import runtime  # noqa: E402
+from buzz.web import front  # noqa: E402
 from buzz.ws.consumer import RelayConsumer  # noqa: E402
 
 Scope = dict[str, Any]
@@ -76,5 +77,12 @@ async def application(scope: Scope, receive: Any, send: Any) -> None:
     scope["community"] = community
     if kind == "websocket":
         await _ws_app(scope, receive, send)
-    else:
-        await django_http(scope, receive, send)
+        return
+    route = front.route_of(scope)
+    if route is not None:
+        # A route an app serves on the loop, without Django's middleware thread hops (buzz.web.front).
+        passed_on = await front.serve(django_http, route, scope, receive, send)
+        if passed_on is None:
+            return
+        receive = passed_on
+    await django_http(scope, receive, send)

@@ -428,12 +428,16 @@ async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None =
 _STANDING_AND_READABLE_SQL = _STANDING_SQL.rstrip() + ",\n  ARRAY(" + _READABLE_SQL.strip() + ")\n"
 
 
-async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any]) -> list[uuid.UUID]:
-    """`reader_scope(actor, wide=True)` in one round trip: the reader's standing (Denied as check_reader
-    decides it) and the channels it joined or that are listed, sorted. NIP-AR incremental reads use it."""
+def wide_scope_statement(actor: Actor) -> tuple[str, dict[str, Any]]:
+    """The statement of `wide_scope` and its parameters: a caller may send it with statements of its own
+    (in one pipeline) and read its row with `wide_scope_of`."""
+    return _STANDING_AND_READABLE_SQL, _actor_params(actor)
+
+
+def wide_scope_of(actor: Actor, row: Sequence[Any] | None) -> list[uuid.UUID]:
+    """The scope from a row of `wide_scope_statement(actor)`: Denied as check_reader decides it."""
     if not has_scope(actor, SCOPE_READ):
         raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
-    row = await (await conn.execute(_STANDING_AND_READABLE_SQL, _actor_params(actor))).fetchone()
     if row is None or not row[2]:
         raise Denied(TOKEN_INVALID)
     if not row[0]:
@@ -441,6 +445,16 @@ async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any]) -> list[uuid.U
     if row[1]:
         raise Denied(BANNED)
     return sorted(c for c in row[3] if token_covers(actor, c))
+
+
+async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any]) -> list[uuid.UUID]:
+    """`reader_scope(actor, wide=True)` in one round trip: the reader's standing (Denied as check_reader
+    decides it) and the channels it joined or that are listed, sorted. NIP-AR incremental reads use it."""
+    if not has_scope(actor, SCOPE_READ):
+        raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
+    sql, params = wide_scope_statement(actor)
+    row = await (await conn.execute(sql, params)).fetchone()
+    return wide_scope_of(actor, row)
 
 
 async def reader_scope(

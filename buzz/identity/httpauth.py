@@ -26,6 +26,15 @@ class AuthFailure(Refused):
     """The request carries no valid credential (auth-required:), or one the community doesn't admit."""
 
 
+BEARER_REFUSED = "auth-required: unknown, revoked or expired token"
+
+
+def bearer_header(request: HttpRequest) -> str | None:
+    """The Authorization header when it is a bearer credential (`authenticate` checks it as a token), else None."""
+    header = request.headers.get("Authorization")
+    return header if header and header.startswith("Bearer ") else None
+
+
 def request_url(request: HttpRequest, community: CommunityInfo) -> str:
     """The absolute URL the client signed: the community's public scheme and host, and this path and query."""
     public = urlsplit(community.public_url)
@@ -36,10 +45,10 @@ def request_url(request: HttpRequest, community: CommunityInfo) -> str:
 async def authenticate(request: HttpRequest, community: CommunityInfo, body: bytes) -> Actor:
     """The request's actor, or AuthFailure (401 without a valid credential, 403 for a non-member)."""
     header = request.headers.get("Authorization")
-    if header and header.startswith("Bearer "):
+    if bearer_header(request) is not None:
         actor = await authenticate_bearer(community, header)
         if actor is None:
-            raise AuthFailure("auth-required: unknown, revoked or expired token")
+            raise AuthFailure(BEARER_REFUSED)
         return actor
     lim = limits()
     try:

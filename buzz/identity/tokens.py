@@ -9,8 +9,9 @@ import datetime as dt
 import hashlib
 import secrets
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -88,7 +89,7 @@ def token_revoke(*, token_id: int) -> ApiToken:
 
 
 # The token and its holder's admission in one round trip: a members-only community admits relay members only.
-_LOOKUP = """
+BEARER_LOOKUP = """
 SELECT k.id, k.pubkey, k.scopes, k.channels, k.expires_at,
        NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = k.community_id
                                        AND r.pubkey = k.pubkey)
@@ -98,21 +99,23 @@ WHERE k.token_hash = %(hash)s AND k.community_id = %(community)s AND k.revoked_a
 """
 
 
-async def authenticate_bearer(community: CommunityInfo, header: str | None) -> Actor | None:
-    """The actor behind `Authorization: Bearer <token>`, or None when the token is unknown, revoked or expired."""
+def bearer_lookup(community: CommunityInfo, header: str | None) -> dict[str, Any] | None:
+    """The parameters of `BEARER_LOOKUP` for `Authorization: Bearer <token>`, or None for a header that
+    carries no token of ours (no statement needed: authentication fails)."""
     if not header or not header.startswith("Bearer "):
         return None
     token = header[len("Bearer ") :].strip()
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
-    pool = await runtime.pool()
-    async with pool.connection() as conn:
-        params = {
-            "hash": hash_token(token),
-            "community": community.id,
-            "members_only": community.admission != AdmissionMode.OPEN,
-        }
-        row = await (await conn.execute(_LOOKUP, params)).fetchone()
+    return {
+        "hash": hash_token(token),
+        "community": community.id,
+        "members_only": community.admission != AdmissionMode.OPEN,
+    }
+
+
+def bearer_actor(community: CommunityInfo, row: Sequence[Any] | None) -> Actor | None:
+    """The actor behind a row of `BEARER_LOOKUP`, or None (no such live token, or its holder isn't admitted)."""
     if row is None:
         return None
     token_id, pubkey, scopes, channels, expires_at, admitted_now = row
@@ -127,3 +130,15 @@ async def authenticate_bearer(community: CommunityInfo, header: str | None) -> A
         token_id=token_id,
         token_expires_at=expires_at,
     )
+
+
+async def authenticate_bearer(community: CommunityInfo, header: str | None) -> Actor | None:
+    """The actor behind `Authorization: Bearer <token>`, or None when the token is unknown, revoked or expired.
+    (A caller that has a connection of its own can send `BEARER_LOOKUP` with its first statements instead.)"""
+    params = bearer_lookup(community, header)
+    if params is None:
+        return None
+    pool = await runtime.pool()
+    async with pool.connection() as conn:
+        row = await (await conn.execute(BEARER_LOOKUP, params)).fetchone()
+    return bearer_actor(community, row)
