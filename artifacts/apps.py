@@ -35,7 +35,7 @@ class ArtifactsConfig(AppConfig):
         register_removal_target(KIND_REMOVAL, redaction.redact_removal)
         # NIP-AR incremental reads: every access change advances the community's policy stamp, in its transaction.
         register_access_hook(incremental.advance_policy_stamp)
-        # ... and are served on the event loop, before Django's middleware chain (buzz.web.front).
-        register_route(
-            "POST", "/query", accepts=views.is_incremental, view=views.incremental_query, max_body=views.MAX_BODY
-        )
+        # The views' reads (current, history, head, incremental, count) are served on the event loop, before
+        # Django's middleware chain (buzz.web.front): they authenticate each request themselves.
+        register_route("POST", "/query", accepts=views.any_body, view=views.query, max_body=views.MAX_BODY)
+        register_route("POST", "/count", accepts=views.any_body, view=views.count, max_body=views.MAX_BODY)
