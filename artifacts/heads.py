@@ -16,7 +16,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from artifacts.envelope import AUTH_TAG
@@ -47,6 +47,9 @@ class Head:
     raw: str
     # (tag name, first value) pairs of the head, as artifacts.envelope.match_tags gives them.
     tags: tuple[tuple[str, str], ...]
+    # Whether the head matches a query's predicates, by predicates, filled in by the syncs that ask:
+    # one Head answers every sync of the process that reads this d in one batch.
+    matched: dict[Any, bool] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _match_tags(raw_tags: Sequence[Any]) -> tuple[tuple[str, str], ...]:

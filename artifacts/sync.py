@@ -44,7 +44,7 @@ from django.conf import settings
 
 from artifacts.census import Registration, census
 from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
-from artifacts.heads import Head, head_reader
+from artifacts.heads import Head, HeadReader, head_reader
 from artifacts.query import ArtifactQuery, QueryError, matches, parse_sync_filter
 from artifacts.selectors import HEAD_JOIN, current_where
 from buzz.access.policy import NOT_A_MEMBER, Denied, check_read, reader_scope
@@ -148,6 +148,7 @@ class SyncSubscription:
         self._wake = asyncio.Event()  # a head for the slow path (`_left`) is waiting
         self._slow: tuple[str, Head] | None = None
         self._reading = False  # a head read (or its slow path) is in progress: the next one waits
+        self._reader: HeadReader | None = None  # the process's head reader, once live
         self._live_phase = False  # EOSE has been queued
         self._counted: Registration | None = None  # this sync's place in the census, once its scope passed
         self.ended = False
@@ -386,7 +387,10 @@ class SyncSubscription:
         d = next(iter(self._pending))
         del self._pending[d]
         self._reading = True
-        head_reader().submit(self.host.community.id, d, lambda head, exc: self._on_head(d, head, exc))
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = head_reader()
+        reader.submit(self.host.community.id, d, lambda head, exc: self._on_head(d, head, exc))
 
     def _on_head(self, d: str, head: Head | None, exc: BaseException | None) -> None:
         """The head reader's answer for d (on its task; never blocks)."""
@@ -439,7 +443,7 @@ class SyncSubscription:
         if last is not None and head.seq <= last:
             return None  # the head this sync sent already, or (never) an older one: rule 4
         inside = head.home in self._channels
-        if inside and not head.deleted and matches(self.query, head.tags):
+        if inside and not head.deleted and self._matches(head):
             self._holds.add(d)
             self._last[d] = head.seq
             return self._prefix + head.raw + "]"
@@ -451,6 +455,14 @@ class SyncSubscription:
             # A deletion, or a head that no longer matches.
             return self._prefix + head.raw + "]"
         return _LEFT
+
+    def _matches(self, head: Head) -> bool:
+        """artifacts.query.matches, once per head and distinct predicates among the syncs that read it."""
+        key = self.query.predicates
+        hit = head.matched.get(key)
+        if hit is None:
+            hit = head.matched[key] = matches(self.query, head.tags)
+        return hit
 
     async def _left(self, d: str, head: Head) -> str | None:
         """d left for a channel this sync doesn't name: its head if the reader can read it there, else the
