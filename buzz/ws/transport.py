@@ -34,6 +34,7 @@ from typing import Any
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
+from websockets.protocol import SERVER, State
 
 __all__ = ["CLOSE_DEADLINE", "FRAMES", "SEND_MANY", "WS_PROTOCOL", "RelayWebSocketProtocol"]
 
@@ -48,6 +49,8 @@ WS_PROTOCOL = f"{__name__}:RelayWebSocketProtocol"
 # The scope extension that says this server takes `FRAMES` (a list of texts) in one "websocket.send".
 SEND_MANY = "buzz.websocket.send_many"
 FRAMES = "buzz.frames"
+_HEAD16 = struct.Struct("!BBH")
+_HEAD64 = struct.Struct("!BBQ")
 
 
 class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -107,14 +110,31 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self.handshake_complete or self.close_sent or self.initial_response is not None:
             raise RuntimeError("a websocket.send of several frames outside an open connection")
         conn = self.conn
-        try:
+        if conn.state is not State.OPEN:
+            raise ClientDisconnected()
+        if conn.extensions or conn.debug or conn.expect_continuation_frame or conn.side is not SERVER:
+            try:
+                for text in texts:
+                    conn.send_text(text.encode())
+            except InvalidState:
+                raise ClientDisconnected() from None
+            output = conn.data_to_send()
+        else:
+            # The frames websockets would make (RFC 6455 5.2: FIN, opcode 1, no mask from a server, no
+            # extension), without its per-frame objects; whatever it queued itself goes first.
+            output = conn.data_to_send()
             for text in texts:
-                conn.send_text(text.encode())
-        except InvalidState:
-            raise ClientDisconnected() from None
-        output = conn.data_to_send()
+                data = text.encode()
+                n = len(data)
+                if n < 126:
+                    output.append(bytes((0x81, n)))
+                elif n < 65536:
+                    output.append(_HEAD16.pack(0x81, 126, n))
+                else:
+                    output.append(_HEAD64.pack(0x81, 127, n))
+                output.append(data)
         if output:
-            self.transport.write(output[0] if len(output) == 1 else b"".join(output))
+            self.transport.write(b"".join(output))
 
     def keepalive_timeout(self) -> None:
         super().keepalive_timeout()
