@@ -260,6 +260,7 @@ async def delivery(
     """Heads are delivered as they are read: a sync may skip an intermediate revision (rule 4), so the
     latency is taken over the heads that arrive, and the run ends when every sync has the last one."""
     latencies: list[float] = []
+    oks: list[float] = []
     sent: dict[str, float] = {}
     last: dict[str, str] = {}
     have_last = 0
@@ -303,8 +304,9 @@ async def delivery(
                         ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
                         if n == writes - 1:
                             last["id"] = ev["id"]
-                        sent[ev["id"]] = time.perf_counter()
+                        sent[ev["id"]] = began = time.perf_counter()
                         await send_ok(w, ev)
+                        oks.append(1000 * (time.perf_counter() - began))
                         prev = ev["id"]
                         await asyncio.sleep(PACE)
             waiter = asyncio.create_task(done.wait())
@@ -324,6 +326,8 @@ async def delivery(
         "heads_per_sync": len(latencies) / len(subs),
         "p50_ms": common.percentile(latencies, 50),
         "p99_ms": common.percentile(latencies, 99),
+        "ok_p50_ms": common.percentile(sorted(oks), 50),
+        "ok_p99_ms": common.percentile(sorted(oks), 99),
         "cpu": cpu.spent,
         "cpu_text": cpu.describe(),
     }
@@ -657,6 +661,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     f" {name}: p50 {g['p50_ms']:.2f} / p99 {g['p99_ms']:.2f} ms"
                     f" -> p50 {common.ratio(d['p50_ms'], g['p50_ms'])}, p99 {common.ratio(d['p99_ms'], g['p99_ms'])}"
                 )
+            print(
+                f"  the writer's own OK (commit and confirmed PUBLISH) in the relay run: p50 {d['ok_p50_ms']:.2f}"
+                f" / p99 {d['ok_p99_ms']:.2f} ms (each head's latency includes its write's path up to the PUBLISH)"
+            )
             print(f"  relay run: {d['cpu_text']}")
             print(f"  bare fan-out run (one write per connection per event): {f['cpu_text']}")
             print(f"  bare fan-out run (one write per frame): {f1['cpu_text']}")
