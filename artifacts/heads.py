@@ -15,8 +15,8 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from artifacts.envelope import AUTH_TAG
@@ -47,6 +47,9 @@ class Head:
     raw: str
     # (tag name, first value) pairs of the head, as artifacts.envelope.match_tags gives them.
     tags: tuple[tuple[str, str], ...]
+    # Whether the head matches a query's predicates, by predicates, filled in by the syncs that ask:
+    # one Head answers every sync of the process that reads this d in one batch.
+    matched: dict[Any, bool] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _match_tags(raw_tags: Sequence[Any]) -> tuple[tuple[str, str], ...]:
@@ -76,22 +79,48 @@ def head_of(row: tuple[Any, ...]) -> Head:
     )
 
 
+# Told the outcome of one request: the head (None: no such d), or the exception the read failed with.
+HeadCallback = Callable[[Head | None, BaseException | None], None]
+
+
 class HeadReader:
-    """One per process and event loop. `read` returns the head of (community, d), or None if no such d."""
+    """One per process and event loop. `read` returns the head of (community, d), or None if no such d.
+
+    `submit` is the same read without a task or a future per request: the reader calls back with
+    the result, on its own task, as soon as the batch's rows are in. A thousand syncs that read the
+    same changed d are one query and a thousand plain calls.
+    """
 
     def __init__(self) -> None:
-        self._waiting: dict[tuple[int, str], list[asyncio.Future[Head | None]]] = {}
+        self._waiting: dict[tuple[int, str], list[HeadCallback]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def read(self, community_id: int, d: str) -> Head | None:
         """Raises when the read failed (the caller resyncs: rule 5)."""
         fut: asyncio.Future[Head | None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault((community_id, d), []).append(fut)
+
+        def done(head: Head | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(head)
+
+        self.submit(community_id, d, done)
+        return await fut
+
+    def submit(self, community_id: int, d: str, callback: HeadCallback) -> None:
+        """Ask for the head of (community, d); `callback` gets it from a read that starts after this call.
+
+        The callback must not block or raise (an exception is logged); it may submit again, which
+        joins the next batch.
+        """
+        self._waiting.setdefault((community_id, d), []).append(callback)
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="artifact-head-reader")
-        return await fut
 
     async def _run(self) -> None:
         while True:
@@ -107,22 +136,22 @@ class HeadReader:
             for community_id, ds in by_community.items():
                 for start in range(0, len(ds), BATCH_MAX):
                     chunk = ds[start : start + BATCH_MAX]
+                    failure: BaseException | None = None
+                    heads: dict[str, Head] = {}
                     try:
                         heads = await self._query(community_id, chunk)
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:
                         log.warning("head read failed: %s", exc)
-                        for d in chunk:
-                            for fut in batch[(community_id, d)]:
-                                if not fut.done():
-                                    fut.set_exception(exc)
-                        continue
+                        failure = exc
                     for d in chunk:
                         head = heads.get(d)
-                        for fut in batch[(community_id, d)]:
-                            if not fut.done():
-                                fut.set_result(head)
+                        for callback in batch[(community_id, d)]:
+                            try:
+                                callback(head, failure)
+                            except Exception:
+                                log.exception("a head read's callback raised")
 
     @staticmethod
     async def _query(community_id: int, ds: list[str]) -> dict[str, Head]:

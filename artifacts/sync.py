@@ -13,10 +13,13 @@ core never imports it. One `SyncSubscription` per sync holds all of its state:
    the snapshot pool, keyset pages ordered by d, under a time budget the relay
    enforces itself. Pages go into a bounded buffer, so the snapshot can close
    before a slow reader has received them. Then EOSE; never EOSE after a failure.
-4. Rules 3 and 4, live heads. After EOSE one worker per sync takes the changed d
-   one at a time, reads its current head from the writer (artifacts.heads, shared
-   by the process's syncs), decides with the before/after rule, queues the result,
-   and only then starts the next read. The published event itself is never sent.
+4. Rules 3 and 4, live heads. After EOSE each sync takes its changed d one at a
+   time, reads its current head from the writer (artifacts.heads, one batched
+   reader shared by the process's syncs), decides with the before/after rule,
+   queues the result, and only then starts the next read. The common case is plain
+   calls on the hub's reader and the head reader's task (no task, future or wake-up
+   per sync and change); only a head that left for a channel the sync doesn't name
+   goes through the sync's own task. The published event itself is never sent.
 5. Rules 5, 6 and 9. Any loss the node can see (hub drop, fan-out overflow, an
    undecodable signal, a failed head or access read, a full send queue), a
    retirement, and any access change on a named channel end the sync with
@@ -41,7 +44,7 @@ from django.conf import settings
 
 from artifacts.census import Registration, census
 from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
-from artifacts.heads import Head, head_reader
+from artifacts.heads import Head, HeadReader, head_reader
 from artifacts.query import ArtifactQuery, QueryError, matches, parse_sync_filter
 from artifacts.selectors import HEAD_JOIN, current_where
 from buzz.access.policy import NOT_A_MEMBER, Denied, check_read, reader_scope
@@ -142,7 +145,10 @@ class SyncSubscription:
         self._last: dict[str, int] = {}
         # Changed d not read yet, in arrival order (held before EOSE, live after).
         self._pending: dict[str, None] = {}
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # a head for the slow path (`_left`) is waiting
+        self._slow: tuple[str, Head] | None = None
+        self._reading = False  # a head read (or its slow path) is in progress: the next one waits
+        self._reader: HeadReader | None = None  # the process's head reader, once live
         self._live_phase = False  # EOSE has been queued
         self._counted: Registration | None = None  # this sync's place in the census, once its scope passed
         self.ended = False
@@ -249,7 +255,8 @@ class SyncSubscription:
         topics = [topic_for_channel(community, c) for c in sorted(self._channel_strs)]
         topics.append(signals.pubkey_topic(community, actor.pubkey))
         try:
-            self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
+            # Inline: on_message only records the changed d (bounded by max_events) or ends the sync.
+            self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT, inline=True)
         except HubUnavailable:
             self.end("error: live delivery is unavailable right now; try again")
             return False
@@ -345,35 +352,86 @@ class SyncSubscription:
             self.host.abort()
 
     async def _serve_changes(self) -> None:
-        """Rules 3 and 4: one head read at a time, each started after the previous result is queued."""
-        community = self.host.community.id
-        reader = head_reader()
+        """Rules 3 and 4: one head read at a time, each started after the previous result is queued.
+
+        The common case runs without this task: `_next` submits the read to the process's head reader,
+        whose batch calls `_on_head` back, which decides, queues the result and submits the next read.
+        Only a head that left for a channel this sync doesn't name needs awaits (the reader's access to
+        it, or the stored removal); `_on_head` hands that one to this task, and the next read waits.
+        """
+        self._next()
         while not self.ended:
-            if not self._pending:
+            job, self._slow = self._slow, None
+            if job is None:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            d = next(iter(self._pending))
-            del self._pending[d]
+            d, head = job
             try:
-                head = await reader.read(community, d)
-                text = await self._render(d, head)
+                text = await self._left(d, head)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("sync %s: head read for %s failed: %s", self.sub_id, d, exc)
+                log.warning("sync %s: deciding the head of %s failed: %s", self.sub_id, d, exc)
                 self.resync("a change could not be read")
                 return
-            if text is not None and not self.ended:
-                try:
-                    self.host.outbound.try_put(text)
-                except QueueFull:
-                    # One drop is enough (rule 5); the CLOSED itself may not fit, then the connection closes.
-                    self.resync("the connection's send queue is full")
-                    return
+            self._reading = False
+            if text is not None and not self._queue(text):
+                return
+            self._next()
 
-    async def _render(self, d: str, head: Head | None) -> str | None:
-        """What this sync sends for a changed d: its head, a 45011 removal, or nothing (rules 3 and 4)."""
+    def _next(self) -> None:
+        """Start the next read, if the sync is live, has a changed d and no read in progress."""
+        if self._reading or self.ended or not self._live_phase or not self._pending:
+            return
+        d = next(iter(self._pending))
+        del self._pending[d]
+        self._reading = True
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = head_reader()
+        reader.submit(self.host.community.id, d, lambda head, exc: self._on_head(d, head, exc))
+
+    def _on_head(self, d: str, head: Head | None, exc: BaseException | None) -> None:
+        """The head reader's answer for d (on its task; never blocks)."""
+        if self.ended:
+            return
+        if exc is not None:
+            log.warning("sync %s: head read for %s failed: %s", self.sub_id, d, exc)
+            self.resync("a change could not be read")
+            return
+        try:
+            text = self._render(d, head)
+        except Exception:
+            log.exception("sync %s: deciding the head of %s failed", self.sub_id, d)
+            self.resync("a change could not be read")
+            return
+        if text is _LEFT and head is not None:  # _render answers _LEFT for a head only
+            # The read stays in progress until the slow path has queued its result.
+            self._slow = (d, head)
+            self._wake.set()
+            return
+        self._reading = False
+        if text is not None and not self._queue(text):
+            return
+        self._next()
+
+    def _queue(self, text: str) -> bool:
+        if self.ended:
+            return False
+        try:
+            self.host.outbound.try_put(text)
+        except QueueFull:
+            # One drop is enough (rule 5); the CLOSED itself may not fit, then the connection closes.
+            self.resync("the connection's send queue is full")
+            return False
+        return True
+
+    def _render(self, d: str, head: Head | None) -> str | None:
+        """What this sync sends for a changed d: its head, nothing, or `_LEFT` (rules 3 and 4).
+
+        `_LEFT`: d left this sync for a channel it doesn't name, and `_left` decides what goes out.
+        """
         if head is None:
             return None
         if head.retired:
@@ -384,8 +442,8 @@ class SyncSubscription:
         last = self._last.get(d)
         if last is not None and head.seq <= last:
             return None  # the head this sync sent already, or (never) an older one: rule 4
-        after = head.home in self._channels and not head.deleted and matches(self.query, head.tags)
-        if after:
+        inside = head.home in self._channels
+        if inside and not head.deleted and self._matches(head):
             self._holds.add(d)
             self._last[d] = head.seq
             return self._prefix + head.raw + "]"
@@ -393,8 +451,23 @@ class SyncSubscription:
             return None  # in scope neither before nor after: nothing, ever
         self._holds.discard(d)
         self._last[d] = head.seq
-        if head.home in self._channels or await self._can_read(head.home):
-            # A deletion, a head that no longer matches, or a move to a channel the reader can read.
+        if inside:
+            # A deletion, or a head that no longer matches.
+            return self._prefix + head.raw + "]"
+        return _LEFT
+
+    def _matches(self, head: Head) -> bool:
+        """artifacts.query.matches, once per head and distinct predicates among the syncs that read it."""
+        key = self.query.predicates
+        hit = head.matched.get(key)
+        if hit is None:
+            hit = head.matched[key] = matches(self.query, head.tags)
+        return hit
+
+    async def _left(self, d: str, head: Head) -> str | None:
+        """d left for a channel this sync doesn't name: its head if the reader can read it there, else the
+        45011 removal stored in the channel it left."""
+        if await self._can_read(head.home):
             return self._prefix + head.raw + "]"
         removal = await self._removal(head)
         if removal is None:
@@ -433,7 +506,7 @@ class SyncSubscription:
                 return
             if event.get("kind") not in (KIND_ARTIFACT, KIND_REMOVAL):
                 return
-            d = _tag(event, "d")
+            d = _d_of(event)
             if d is None:
                 self.resync("live delivery received an undecodable signal")
                 return
@@ -474,7 +547,27 @@ class SyncSubscription:
             self.resync(f"more than {self._max_events} artifacts changed before they could be sent")
             return
         self._pending[d] = None
-        self._wake.set()
+        self._next()
+
+
+# `_render`'s answer when the slow path must decide.
+_LEFT: Any = object()
+
+
+# The last event `_d_of` looked at, and its d. The hub hands one decoded message to every sync of its
+# topic (read-only), so a change seen by a thousand syncs is looked through once. Holding the event
+# keeps its id from being reused by another object.
+_last_d: tuple[Any, str | None] = (None, None)
+
+
+def _d_of(event: dict[str, Any]) -> str | None:
+    global _last_d
+    seen, d = _last_d
+    if seen is event:
+        return d
+    d = _tag(event, "d")
+    _last_d = (event, d)
+    return d
 
 
 def _tag(event: dict[str, Any], name: str) -> str | None:

@@ -7,6 +7,10 @@ connection of this process, through the same uvicorn WebSocket protocol the rela
 no head read, no sync state: what is left is Redis, the event loop and the WebSocket writes, which
 the relay's delivery pays too.
 
+With FANOUT_BATCH=1 each connection's writer hands the server everything queued so far in one send,
+through the relay's transport extension (buzz.ws.transport.SEND_MANY): one socket write per
+connection per event, as the relay's outbound queue does. Without it, one send per frame.
+
     FANOUT_TOPIC=t REDIS_URL=redis://... python -m uvicorn fanout_app:application --app-dir bench ...
 """
 
@@ -19,6 +23,8 @@ import os
 from typing import Any
 
 import redis.asyncio as aioredis
+
+from buzz.ws.transport import FRAMES, SEND_MANY
 
 # connection id -> (its send queue, its subscription prefixes)
 _connections: dict[int, tuple[asyncio.Queue[str | None], list[str]]] = {}
@@ -41,6 +47,18 @@ async def _listen() -> None:
 async def _writer(send: Any, queue: asyncio.Queue[str | None]) -> None:
     while (text := await queue.get()) is not None:
         await send({"type": "websocket.send", "text": text})
+
+
+async def _batch_writer(send: Any, queue: asyncio.Queue[str | None]) -> None:
+    while (text := await queue.get()) is not None:
+        texts = [text]
+        while not queue.empty():
+            more = queue.get_nowait()
+            if more is None:
+                await send({"type": "websocket.send", FRAMES: texts})
+                return
+            texts.append(more)
+        await send({"type": "websocket.send", FRAMES: texts})
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -66,7 +84,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     prefixes: list[str] = []
     key = id(queue)
     _connections[key] = (queue, prefixes)
-    writer = asyncio.get_running_loop().create_task(_writer(send, queue))
+    batch = os.environ.get("FANOUT_BATCH") == "1" and SEND_MANY in scope.get("extensions", {})
+    writer = asyncio.get_running_loop().create_task((_batch_writer if batch else _writer)(send, queue))
     try:
         while True:
             message = await receive()

@@ -9,14 +9,20 @@
    nodes receives each head. Latency from the write's send to each head's arrival: p50/p99, beside a bare
    Redis PUBLISH -> SUBSCRIBE round trip in the same run (target <= 10x), and beside a bare fan-out of the
    same events to the same number of subscriptions over two uvicorn processes (bench/fanout_app.py: Redis,
-   the event loop and the WebSocket writes, nothing else), which is the floor any relay in Python pays.
+   the event loop and the WebSocket writes, nothing else), which is the floor any relay in Python pays:
+   once with one socket write per connection per event (as the relay writes) and once with one per frame.
+   The CPU seconds of each relay (or fan-out) process, of this client and of the rest of the machine over
+   the writes are printed too: the client is Python on the same cores. --profile DIR py-spys all of them.
+   Then, as a figure of its own, delivery to ONE sync on node A while node A holds --syncs - 1 syncs of
+   other channels (the common case: a write reaches few syncs), beside the same PUBLISH round trip, with
+   the write's own OK latency (commit and confirmed PUBLISH) beside it.
 3. Memory per idle sync: node A's RSS before and after opening --syncs idle syncs (32 per connection),
    divided by the syncs (target <= 64 KiB), with the cost per connection reported apart.
 4. Write throughput (8 closed-loop writers, revisions in a channel no sync watches) with --syncs idle syncs
    open vs none, --rounds interleaved rounds, medians (target: no more than a 10% drop).
 
     python bench/sync.py [--artifacts 4096] [--syncs 1000] [--writes 200] [--rounds 3] [--seconds 8]
-                         [--json out.json] [--only eose,delivery,memory,throughput]
+                         [--json out.json] [--only eose,delivery,memory,throughput] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -41,6 +48,8 @@ from common import BenchError, Op, Server
 SUBS_PER_CONNECTION = 32
 # The relay's default BUZZ_SYNC_PAGE_ROWS: the baseline reads in pages of the same size.
 PAGE_ROWS = 1000
+# Seconds between the writer's revisions in the delivery figures.
+PACE = 0.03
 PARTS = ("eose", "delivery", "memory", "throughput")
 
 
@@ -60,8 +69,8 @@ def revision(signer: Any, d: str, h: str, op: str, prev: str | None = None, cont
 
 
 def channel_setup(env: dict[str, str], host: str, owner: str, members: list[str]) -> dict[str, str]:
-    """Channels big, live, idle and tput, private, owned by `owner`, with every member added."""
-    ids = {name: str(uuid.uuid4()) for name in ("big", "live", "idle", "tput")}
+    """Channels big, live, idle, tput and solo, private, owned by `owner`, with every member added."""
+    ids = {name: str(uuid.uuid4()) for name in ("big", "live", "idle", "tput", "solo")}
     for name, cid in ids.items():
         common.checked(
             common.manage(
@@ -188,12 +197,70 @@ async def open_syncs(
     return conns
 
 
+class CpuWindow:
+    """CPU seconds spent by the relay processes, this client process and the whole machine over a window."""
+
+    def __init__(self, servers: dict[str, Server]) -> None:
+        self._servers = servers
+        self._start: dict[str, float] = {}
+        self.spent: dict[str, float] = {}
+
+    def _sample(self) -> dict[str, float]:
+        out = {name: s.cpu() for name, s in self._servers.items()}
+        out["client"] = time.process_time()
+        out["machine"] = common.machine_busy_seconds()
+        out["wall"] = time.perf_counter()
+        return out
+
+    def __enter__(self) -> CpuWindow:
+        self._start = self._sample()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._sample()
+        self.spent = {k: end[k] - self._start[k] for k in end}
+
+    def describe(self) -> str:
+        s = self.spent
+        named = " ".join(f"{k} {v:.2f}" for k, v in s.items() if k not in ("machine", "wall"))
+        rest = s["machine"] - sum(v for k, v in s.items() if k not in ("machine", "wall"))
+        return (
+            f"CPU s over {s['wall']:.1f} s: {named}, rest of the machine {rest:.2f} (of {2 * s['wall']:.1f} on 2 cores)"
+        )
+
+
+def profiles(servers: dict[str, Server], directory: str | None, seconds: float) -> contextlib.ExitStack:
+    """py-spy on every server and on this client while the body runs (nothing without --profile)."""
+    stack = contextlib.ExitStack()
+    pids = {name: s.pid for name, s in servers.items()}
+    pids["client"] = os.getpid()
+    for name, pid in pids.items():
+        stack.enter_context(common.py_spy(pid, common.profile_path(directory, name, "raw"), seconds))
+    return stack
+
+
+def report_profiles(names: list[str], directory: str | None) -> None:
+    for name in names:
+        path = common.profile_path(directory, name, "raw")
+        if path is not None:
+            print(f"  profile of {name}:")
+            common.report_profile(path)
+
+
 async def delivery(
-    a: Server, b: Server, owner: Any, reader: Any, channel: str, syncs: int, writes: int
+    a: Server,
+    b: Server,
+    owner: Any,
+    reader: Any,
+    channel: str,
+    syncs: int,
+    writes: int,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """Heads are delivered as they are read: a sync may skip an intermediate revision (rule 4), so the
     latency is taken over the heads that arrive, and the run ends when every sync has the last one."""
     latencies: list[float] = []
+    oks: list[float] = []
     sent: dict[str, float] = {}
     last: dict[str, str] = {}
     have_last = 0
@@ -226,18 +293,22 @@ async def delivery(
                     raise BenchError(f"a sync was closed during the run: {text}")
 
         listeners = [asyncio.create_task(listen(ws)) for ws in conns]
+        servers = {"relay-a": a, "relay-b": b}
+        cpu = CpuWindow(servers)
         try:
             async with connected(a, owner) as w:
                 d = str(uuid.uuid4())
                 prev = None
-                for n in range(writes):
-                    ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
-                    if n == writes - 1:
-                        last["id"] = ev["id"]
-                    sent[ev["id"]] = time.perf_counter()
-                    await send_ok(w, ev)
-                    prev = ev["id"]
-                    await asyncio.sleep(0.03)
+                with profiles(servers, profile, writes * PACE), cpu:
+                    for n in range(writes):
+                        ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
+                        if n == writes - 1:
+                            last["id"] = ev["id"]
+                        sent[ev["id"]] = began = time.perf_counter()
+                        await send_ok(w, ev)
+                        oks.append(1000 * (time.perf_counter() - began))
+                        prev = ev["id"]
+                        await asyncio.sleep(PACE)
             waiter = asyncio.create_task(done.wait())
             finished, _ = await asyncio.wait([waiter, *listeners], timeout=60, return_when=asyncio.FIRST_COMPLETED)
             for task in finished:
@@ -255,27 +326,140 @@ async def delivery(
         "heads_per_sync": len(latencies) / len(subs),
         "p50_ms": common.percentile(latencies, 50),
         "p99_ms": common.percentile(latencies, 99),
+        "ok_p50_ms": common.percentile(sorted(oks), 50),
+        "ok_p99_ms": common.percentile(sorted(oks), 99),
+        "cpu": cpu.spent,
+        "cpu_text": cpu.describe(),
     }
 
 
-def start_fanout(stack: contextlib.ExitStack, env: dict[str, str], topic: str) -> Server:
+def quiet_channels(env: dict[str, str], host: str, owner: str, count: int) -> list[str]:
+    """`count` open channels (a relay member reads them without joining), made in one manage.py shell."""
+    script = (
+        "import uuid\n"
+        "from buzz.chat.channels import channel_create\n"
+        "from buzz.models import Community\n"
+        f"c = Community.objects.get(host={host!r})\n"
+        f"for i in range({count}):\n"
+        "    u = uuid.uuid4()\n"
+        f"    channel_create(community=c, channel_uuid=u, name=f'quiet {{i}}', creator={owner!r}, visibility='open')\n"
+        "    print('channel', u)\n"
+    )
+    out = common.checked(common.manage(env, "shell", "-c", script, timeout=600), "create the quiet channels")
+    ids = [line.split()[1] for line in out.splitlines() if line.startswith("channel ")]
+    if len(ids) != count:
+        raise BenchError(f"created {len(ids)} quiet channels, expected {count}")
+    return ids
+
+
+async def open_spread(server: Server, reader: Any, channels: list[str], stack: contextlib.AsyncExitStack) -> list[Any]:
+    """One sync per channel, SUBS_PER_CONNECTION per connection, all at EOSE."""
+    conns = []
+    for start in range(0, len(channels), SUBS_PER_CONNECTION):
+        ws = await stack.enter_async_context(connected(server, reader))
+        part = channels[start : start + SUBS_PER_CONNECTION]
+        for i, channel in enumerate(part):
+            await ws.send(json.dumps(["REQ", f"s{i}", {"artifact": "current", "#h": [channel]}]))
+        done = 0
+        while done < len(part):
+            text = await ws.recv()
+            if text.startswith('["EOSE"'):
+                done += 1
+            elif text.startswith('["CLOSED"'):
+                raise BenchError(f"sync refused: {text}")
+        conns.append(ws)
+    return conns
+
+
+async def solo_delivery(
+    a: Server, owner: Any, reader: Any, channel: str, quiet: list[str], writes: int
+) -> dict[str, Any]:
+    """One sync of `channel` on node A beside len(quiet) syncs of other channels on node A; the writer on
+    node A. Latency from the write's send to the head's arrival at the one sync, and the write's own OK."""
+    latencies: list[float] = []
+    oks: list[float] = []
+    arrived: dict[str, float] = {}
+    arrival = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        await open_spread(a, reader, quiet, stack)
+        [ws] = await open_syncs(a, reader, channel, 1, stack)
+
+        async def listen() -> None:
+            try:
+                while True:
+                    text = await ws.recv()
+                    now = time.perf_counter()
+                    if text.startswith('["CLOSED"'):
+                        raise BenchError(f"the sync was closed during the run: {text}")
+                    i = text.index('"id":"') + 6
+                    arrived[text[i : i + 64]] = now
+                    arrival.set()
+            finally:
+                arrival.set()  # the writer's loop sees the end
+
+        listener = asyncio.create_task(listen())
+        try:
+            async with connected(a, owner) as w:
+                d = str(uuid.uuid4())
+                prev = None
+                for _ in range(writes):
+                    ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
+                    began = time.perf_counter()
+                    await send_ok(w, ev)
+                    oks.append(1000 * (time.perf_counter() - began))
+                    async with asyncio.timeout(10):
+                        while ev["id"] not in arrived:
+                            if listener.done():
+                                listener.result()
+                            arrival.clear()
+                            await arrival.wait()
+                    latencies.append(1000 * (arrived[ev["id"]] - began))
+                    prev = ev["id"]
+                    await asyncio.sleep(PACE)
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+    latencies.sort()
+    oks.sort()
+    return {
+        "samples": len(latencies),
+        "other_syncs": len(quiet),
+        "p50_ms": common.percentile(latencies, 50),
+        "p99_ms": common.percentile(latencies, 99),
+        "ok_p50_ms": common.percentile(oks, 50),
+        "ok_p99_ms": common.percentile(oks, 99),
+    }
+
+
+def start_fanout(stack: contextlib.ExitStack, env: dict[str, str], topic: str, batch: bool) -> Server:
     port = common.free_port()
     log = common.VAR_DIR / f"fanout-{port}.log"
     args = [*common.uvicorn_args("fanout_app:application", port), "--app-dir", str(common.BENCH_DIR)]
-    proc = common.spawn(stack, args, {**env, "FANOUT_TOPIC": topic}, log)
+    proc = common.spawn(stack, args, {**env, "FANOUT_TOPIC": topic, "FANOUT_BATCH": "1" if batch else "0"}, log)
     common.wait_for_port(port, proc, 30.0, log)
     return Server(port=port, proc=proc, host_header=f"127.0.0.1:{port}", log=log)
 
 
 async def bare_fanout(
-    stack: contextlib.ExitStack, env: dict[str, str], owner: Any, channel: str, syncs: int, writes: int
+    stack: contextlib.ExitStack,
+    env: dict[str, str],
+    owner: Any,
+    channel: str,
+    syncs: int,
+    writes: int,
+    batch: bool,
+    profile: str | None = None,
 ) -> dict[str, Any]:
-    """The same paced events PUBLISHed to two bare fan-out processes holding `syncs` subscriptions."""
+    """The same paced events PUBLISHed to two bare fan-out processes holding `syncs` subscriptions.
+
+    `batch`: each connection's frames for one event go out in one socket write (as the relay's do), or
+    one write per frame."""
     import redis.asyncio as aioredis
     from websockets.asyncio.client import connect
 
     topic = f"bench:fanout:{uuid.uuid4()}"
-    servers = [start_fanout(stack, env, topic), start_fanout(stack, env, topic)]
+    servers = [start_fanout(stack, env, topic, batch), start_fanout(stack, env, topic, batch)]
+    cpu = CpuWindow({"fanout-a": servers[0], "fanout-b": servers[1]})
     latencies: list[float] = []
     sent: dict[str, float] = {}
     expected = syncs * writes
@@ -311,13 +495,15 @@ async def bare_fanout(
             await asyncio.sleep(0.5)  # both processes' SUBSCRIBE is in place
             d = str(uuid.uuid4())
             prev = None
-            for _ in range(writes):
-                ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
-                raw = json.dumps(ev, separators=(",", ":"))
-                sent[ev["id"]] = time.perf_counter()
-                await pub.publish(topic, raw)
-                prev = ev["id"]
-                await asyncio.sleep(0.03)
+            named = {"fanout-a": servers[0], "fanout-b": servers[1]}
+            with profiles(named, profile, writes * PACE), cpu:
+                for _ in range(writes):
+                    ev = revision(owner, d, channel, "create" if prev is None else "update", prev)
+                    raw = json.dumps(ev, separators=(",", ":"))
+                    sent[ev["id"]] = time.perf_counter()
+                    await pub.publish(topic, raw)
+                    prev = ev["id"]
+                    await asyncio.sleep(PACE)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), 60)
         finally:
@@ -332,6 +518,8 @@ async def bare_fanout(
         "samples": len(latencies),
         "p50_ms": common.percentile(latencies, 50),
         "p99_ms": common.percentile(latencies, 99),
+        "cpu": cpu.spent,
+        "cpu_text": cpu.describe(),
     }
 
 
@@ -443,14 +631,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         if "delivery" in parts:
             rtt = await common.redis_roundtrip(env["REDIS_URL"])
-            d = await delivery(a, b, owner, reader, ids["live"], args.syncs, args.writes)
-            f = await bare_fanout(stack, env, owner, ids["live"], args.syncs, args.writes)
+            d = await delivery(a, b, owner, reader, ids["live"], args.syncs, args.writes, args.profile)
+            report_profiles(["relay-a", "relay-b", "client"], args.profile)
+            f1 = await bare_fanout(stack, env, owner, ids["live"], args.syncs, args.writes, False, args.profile)
+            report_profiles(["fanout-a", "fanout-b", "client"], args.profile)
+            f = await bare_fanout(stack, env, owner, ids["live"], args.syncs, args.writes, True, args.profile)
+            report_profiles(["fanout-a", "fanout-b", "client"], args.profile)
             out["delivery"] = {
                 **d,
                 "redis_p50_ms": rtt.p50_ms,
                 "redis_p99_ms": rtt.p99_ms,
                 "fanout_p50_ms": f["p50_ms"],
                 "fanout_p99_ms": f["p99_ms"],
+                "fanout_per_frame_p50_ms": f1["p50_ms"],
+                "fanout_per_frame_p99_ms": f1["p99_ms"],
+                "fanout_cpu": f["cpu"],
+                "fanout_per_frame_cpu": f1["cpu"],
             }
             print(
                 f"write-to-head delivery, {args.syncs} syncs on 2 nodes, {d['samples']} heads:"
@@ -459,10 +655,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 f" {rtt.p99_ms:.3f} ms -> p50 {common.ratio(d['p50_ms'], rtt.p50_ms)}, p99"
                 f" {common.ratio(d['p99_ms'], rtt.p99_ms)} (target <= 10)"
             )
+            for name, g in (("one socket write per connection per event", f), ("one socket write per frame", f1)):
+                print(
+                    f"  beside a bare fan-out of the same events to {args.syncs} subscriptions on 2 uvicorn processes,"
+                    f" {name}: p50 {g['p50_ms']:.2f} / p99 {g['p99_ms']:.2f} ms"
+                    f" -> p50 {common.ratio(d['p50_ms'], g['p50_ms'])}, p99 {common.ratio(d['p99_ms'], g['p99_ms'])}"
+                )
             print(
-                f"  beside a bare fan-out of the same events to {args.syncs} subscriptions on 2 uvicorn processes:"
-                f" p50 {f['p50_ms']:.2f} / p99 {f['p99_ms']:.2f} ms -> p50 {common.ratio(d['p50_ms'], f['p50_ms'])},"
-                f" p99 {common.ratio(d['p99_ms'], f['p99_ms'])}"
+                f"  the writer's own OK (commit and confirmed PUBLISH) in the relay run: p50 {d['ok_p50_ms']:.2f}"
+                f" / p99 {d['ok_p99_ms']:.2f} ms (each head's latency includes its write's path up to the PUBLISH)"
+            )
+            print(f"  relay run: {d['cpu_text']}")
+            print(f"  bare fan-out run (one write per connection per event): {f['cpu_text']}")
+            print(f"  bare fan-out run (one write per frame): {f1['cpu_text']}")
+            quiet = quiet_channels(env, a.host_header, owner.pubkey, args.syncs - 1)
+            one = await solo_delivery(a, owner, reader, ids["solo"], quiet, args.writes)
+            out["delivery_one"] = {**one, "redis_p50_ms": rtt.p50_ms, "redis_p99_ms": rtt.p99_ms}
+            print(
+                f"write-to-head delivery to ONE sync on node A beside {one['other_syncs']} syncs of other channels"
+                f" on node A (writer on node A), {one['samples']} heads: p50 {one['p50_ms']:.2f} / p99"
+                f" {one['p99_ms']:.2f} ms; same bare Redis PUBLISH->SUBSCRIBE -> p50"
+                f" {common.ratio(one['p50_ms'], rtt.p50_ms)}, p99 {common.ratio(one['p99_ms'], rtt.p99_ms)}"
+                f" (target <= 10); the write's own OK: p50 {one['ok_p50_ms']:.2f} / p99 {one['ok_p99_ms']:.2f} ms"
             )
         if "memory" in parts:
             m = await memory(a, reader, ids["idle"], args.syncs)
@@ -491,6 +705,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--json")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy the relays, the fan-out apps and this client (slower)")
     args = parser.parse_args()
     common.exit_on_sigterm()
     try:

@@ -88,7 +88,8 @@ class LossReason(StrEnum):
 
 class Listener(Protocol):
     def on_message(self, topic: str, message: dict[str, Any]) -> None:
-        """One message, on the subscription's drain task. Must not block; must not raise.
+        """One message, on the subscription's drain task (or, for an inline subscription, on the
+        hub's reader itself). Must not block; must not raise.
 
         `message` is shared by every subscription of the topic: treat it as read-only.
         """
@@ -142,14 +143,21 @@ def _describe(exc: BaseException) -> str:
 class Subscription:
     """A live-interest handle returned by `Hub.subscribe`.
 
-    It has its own bounded queue and drain task, so a slow listener delays only itself.
+    It has its own bounded queue and drain task, so a slow listener delays only itself. An inline
+    subscription has neither: the hub's reader calls its listener as each message is parsed, so a
+    message reaches a thousand listeners without a thousand task switches. Its listener must do no
+    more than record the message (it keeps its own backlog bounded: NIP-AR sync resyncs past
+    max_events pending changes); there is no queue to overflow.
     """
 
-    def __init__(self, hub: Hub, topics: frozenset[str], listener: Listener, queue_max: int) -> None:
+    def __init__(
+        self, hub: Hub, topics: frozenset[str], listener: Listener, queue_max: int, inline: bool = False
+    ) -> None:
         self.topics = topics
         self._hub = hub
         self._listener = listener
         self._queue_max = queue_max
+        self._inline = inline
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()
         self._wake = asyncio.Event()
         self._link: _Link | None = None  # the connection whose topic table holds this subscription
@@ -195,11 +203,20 @@ class Subscription:
 
     def _activate(self) -> None:
         self._active = True
+        if self._inline:
+            return
         self._drain_task = asyncio.get_running_loop().create_task(
             self._drain(), name=f"buzz-hub-drain {sorted(self.topics)!r}"
         )
 
     def _offer(self, topic: str, message: dict[str, Any]) -> None:
+        if self._inline:
+            if self._alive:  # an earlier listener of this message may have ended this one
+                try:
+                    self._listener.on_message(topic, message)
+                except Exception:
+                    logger.exception("hub listener on_message raised on topic %r", topic)
+            return
         if len(self._queue) >= self._queue_max:
             self._lose(LossReason.OVERFLOW, f"more than {self._queue_max} messages pending for this subscription")
             return
@@ -565,6 +582,7 @@ class Hub:
         *,
         wait: float = 5.0,
         queue_max: int | None = None,
+        inline: bool = False,
     ) -> Subscription:
         """Register live interest; return once it is active (NIP-AR sync rule 1).
 
@@ -572,6 +590,8 @@ class Hub:
         current connection and that connection is still healthy. While the
         connection is down, waits up to `wait` seconds in all, then raises
         HubUnavailable. `queue_max` overrides the hub's per-subscription bound.
+        `inline`: the listener is called by the hub's reader, without a queue
+        or a task of its own (see `Subscription`).
         """
         names = frozenset(topics)
         if not names:
@@ -582,7 +602,7 @@ class Hub:
         await self.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        sub = Subscription(self, names, listener, bound)
+        sub = Subscription(self, names, listener, bound, inline)
         while True:
             link = await self._wait_healthy(deadline)
             try:

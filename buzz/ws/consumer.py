@@ -12,6 +12,7 @@ from channels.exceptions import StopConsumer
 
 from buzz.identity.tokens import authenticate_bearer
 from buzz.ws.session import Session
+from buzz.ws.transport import FRAMES, SEND_MANY
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,15 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
             if actor is None:
                 await self.send({"type": "websocket.close", "code": 1008})
                 raise StopConsumer()
-        self.session = Session(community=community, send_text=self._send_text, close=self._close, actor=actor)
+        # Under the relay's transport one send may carry several frames (one socket write for all of them).
+        many = SEND_MANY in self.scope.get("extensions", {})
+        self.session = Session(
+            community=community,
+            send_text=self._send_text,
+            send_many=self._send_many if many else None,
+            close=self._close,
+            actor=actor,
+        )
         await self.send({"type": "websocket.accept"})
         await self.session.open()
 
@@ -86,6 +95,9 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
 
     async def _send_text(self, text: str) -> None:
         await self.send({"type": "websocket.send", "text": text})
+
+    async def _send_many(self, texts: list[str]) -> None:
+        await self.send({"type": "websocket.send", FRAMES: texts})
 
     async def _close(self, code: int) -> None:
         """Run as a task of its own (Session.abort): every way it can end is handled here."""

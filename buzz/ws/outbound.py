@@ -3,6 +3,12 @@
 One writer task drains it and awaits the server's send(), which under uvicorn
 waits while the transport is paused. So a client that stops reading fills this
 queue, and the queue refuses more instead of growing (DESIGN.md, daphne fact).
+
+When the server can take several frames in one send (`send_many`, the transport's
+SEND_MANY extension), the writer hands it everything queued so far, up to
+`BATCH_FRAMES` frames and `BATCH_BYTES` bytes: one change that concerns many
+subscriptions of a connection is one socket write. The frames in flight count
+against the bounds until that send returns, as a single frame did.
 """
 
 from __future__ import annotations
@@ -12,19 +18,38 @@ import collections
 import contextlib
 from collections.abc import Awaitable, Callable
 
+# The most frames, and bytes, the writer hands the server in one send.
+BATCH_FRAMES = 256
+BATCH_BYTES = 1 << 18
+
 
 class QueueFull(Exception):
     """The queue is at its bound; nothing was queued."""
 
 
+def _size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 class Outbound:
-    def __init__(self, send_text: Callable[[str], Awaitable[None]], *, max_messages: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        send_text: Callable[[str], Awaitable[None]],
+        *,
+        max_messages: int,
+        max_bytes: int,
+        send_many: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> None:
         self._send_text = send_text
+        self._send_many = send_many
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        self._items: collections.deque[str] = collections.deque()
-        # Bytes queued plus the bytes of the frame the writer is sending now.
+        self._items: collections.deque[tuple[str, int]] = collections.deque()
+        # Bytes queued plus the bytes of the frames the writer is sending now.
         self._bytes = 0
+        # Frames the writer is sending now beyond the first: they count against max_messages, so a batch
+        # in flight holds no more than one frame would have.
+        self._extra = 0
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
@@ -37,20 +62,20 @@ class Outbound:
     def _fits(self, size: int) -> bool:
         if not self._items and self._bytes == 0:
             return True  # one frame always fits, however large (the event size limit bounds it)
-        return len(self._items) < self.max_messages and self._bytes + size <= self.max_bytes
+        return len(self._items) + self._extra < self.max_messages and self._bytes + size <= self.max_bytes
 
     def try_put(self, text: str) -> None:
         """Queue text or raise QueueFull; never waits, never grows past the bound."""
         if self._closed:
             raise QueueFull("connection closing")
-        size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+        size = _size(text)
         if not self._fits(size):
             raise QueueFull("outbound queue full")
         self._push(text, size)
 
     async def put(self, text: str, *, timeout: float) -> None:
         """Queue text, waiting up to timeout for room; raise QueueFull when there is none."""
-        size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+        size = _size(text)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -69,22 +94,36 @@ class Outbound:
                 raise QueueFull("outbound queue full") from None
 
     def _push(self, text: str, size: int) -> None:
-        self._items.append(text)
+        self._items.append((text, size))
         self._bytes += size
         self._wake.set()
 
     async def _writer(self) -> None:
+        items = self._items
         while not self._closed:
-            if not self._items:
+            if not items:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            text = self._items.popleft()
-            size = len(text.encode("utf-8")) if not text.isascii() else len(text)
+            text, size = items.popleft()
+            if self._send_many is None or not items:
+                try:
+                    await self._send_text(text)
+                finally:
+                    self._bytes -= size
+                    self._space.set()
+                continue
+            batch = [text]
+            while items and len(batch) < BATCH_FRAMES and size + items[0][1] <= BATCH_BYTES:
+                more, more_size = items.popleft()
+                batch.append(more)
+                size += more_size
+            self._extra = len(batch) - 1
             try:
-                await self._send_text(text)
+                await self._send_many(batch)
             finally:
                 self._bytes -= size
+                self._extra = 0
                 self._space.set()
 
     async def close(self) -> None:

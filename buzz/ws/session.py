@@ -66,6 +66,7 @@ class Session:
         send_text: Callable[[str], Awaitable[None]],
         close: Callable[[int], Coroutine[Any, Any, None]],
         actor: Actor | None = None,
+        send_many: Callable[[list[str]], Awaitable[None]] | None = None,
     ) -> None:
         self.community = community
         self.limits = limits()
@@ -73,7 +74,10 @@ class Session:
         self.challenge = secrets.token_hex(16)
         self.actor = actor
         self.outbound = Outbound(
-            send_text, max_messages=self.limits.outbound_max_messages, max_bytes=self.limits.outbound_max_bytes
+            send_text,
+            max_messages=self.limits.outbound_max_messages,
+            max_bytes=self.limits.outbound_max_bytes,
+            send_many=send_many,
         )
         self.reads = connection_reads()
         self._close = close
