@@ -521,6 +521,17 @@ _HEAD_SQL: Final = (
 )
 
 
+async def _begin(
+    conn: AsyncConnection[Any], deadline: float, community_id: int, params: dict[str, Any] | None
+) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None]:
+    """Inside a pipeline: BEGIN, the pass's head (settings, database clock, policy stamp, TTL channels) and,
+    for a bearer token, its lookup. Returns their cursors; nothing is read yet."""
+    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
+    token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
+    return head, token
+
+
 @contextlib.asynccontextmanager
 async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = False) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
@@ -544,9 +555,7 @@ async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = Fal
         community_id = int(community.id)
         try:
             async with conn.pipeline():
-                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
-                token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
+                head, token = await _begin(conn, deadline, community_id, params)
                 scoped = None
                 if wide and known is not None:
                     scoped = await conn.execute(*wide_scope_statement(known))
@@ -829,9 +838,7 @@ async def _continue_in_one_trip(
         community_id = int(community.id)
         try:
             async with conn.pipeline():
-                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
-                token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
+                head, token = await _begin(conn, deadline, community_id, params)
                 scoped = await conn.execute(*wide_scope_statement(known))
                 page = await conn.execute(sql, args)  # type: ignore[arg-type]
                 await conn.execute("COMMIT")

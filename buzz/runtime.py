@@ -52,18 +52,8 @@ async def check_pooled(conn: AsyncConnection[Any]) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
-# The write pool's sessions plan each prepared statement once, without its parameters' values: a write
-# statement's custom plan cost more PostgreSQL CPU to make than to run (measured: 2.4 -> 1.3 ms of backend
-# CPU per kind-9 message), and its generic plan is pinned by tests/chat/test_hot_plans.py.
-GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
-
-
-async def _open_pool(
-    min_size: int, max_size: int, timeout: float, *, options: str | None = None
-) -> AsyncConnectionPool[AsyncConnection[Any]]:
+async def _open_pool(min_size: int, max_size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
     kwargs: dict[str, Any] = {"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2}
-    if options is not None:
-        kwargs["options"] = options
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo_from_settings(),
         min_size=min_size,
@@ -101,9 +91,8 @@ class Runtime:
         return pools[0]
 
     async def write_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        """Connections for the statements of the write path whose generic plans are pinned (kind-9 messages,
-        NIP-AR revisions: tests/chat/test_hot_plans.py). They run with generic plans only (GENERIC_PLANS);
-        any other statement belongs in `pool`."""
+        """Connections of their own for the write statements of kind-9 messages and NIP-AR revisions, so that
+        reads holding `pool`'s connections never make a write wait; any other statement belongs in `pool`."""
         pools = await self._pools()
         return pools[2]
 
@@ -128,7 +117,7 @@ class Runtime:
                 self._pool = await _open_pool(limits["min_size"], limits["max_size"], timeout)
                 self._snapshots = await _open_pool(0, limits["snapshot_max_size"], timeout)
                 # Opened on the first write, then kept (psycopg_pool closes an idle one after 10 min).
-                self._writes = await _open_pool(0, limits["write_max_size"], timeout, options=GENERIC_PLANS)
+                self._writes = await _open_pool(0, limits["write_max_size"], timeout)
         if self._pool is None or self._snapshots is None or self._writes is None:
             raise RuntimeError("database pool failed to open")
         return self._pool, self._snapshots, self._writes

@@ -268,8 +268,8 @@ BUZZ_DB_POOL = {
     "timeout": env.float("BUZZ_DB_POOL_TIMEOUT", default=10.0),
     # Separate connections for long read-only snapshots (NIP-AR sync): they never starve the write path.
     "snapshot_max_size": env.int("BUZZ_SNAPSHOT_POOL_MAX", default=4),
-    # The write statements of kind-9 messages and NIP-AR revisions, on connections that use generic plans
-    # only (buzz.runtime.GENERIC_PLANS).
+    # The write statements of kind-9 messages and NIP-AR revisions, on connections of their own: reads
+    # holding the main pool never make a write wait (buzz.runtime.write_pool).
     "write_max_size": env.int("BUZZ_WRITE_POOL_MAX", default=6),
 }
 
