@@ -16,6 +16,7 @@ import pytest
 
 from artifacts import incremental
 from buzz.events.ingest import ingest
+from buzz.identity.actor import Actor
 from buzz.models import Community
 from buzz.nostr import Signer
 from tests.support.factories import make_channel, make_community, make_token, revision
@@ -54,15 +55,21 @@ def desk(transactional_db: None, settings: Any) -> tuple[Community, Signer, uuid
     return community, alice, channel, make_token(community, alice, ["messages:read"])
 
 
-async def test_round_trips_per_incremental_page(desk: tuple[Community, Signer, uuid.UUID, str]) -> None:
-    community, alice, channel, token = desk
-    writer = actor_of(community, alice)
+async def three_artifacts(writer: Actor, alice: Signer, channel: uuid.UUID) -> set[str]:
+    """Three artifacts created in `channel` through the write path; their revision ids."""
     ids = set()
     for _ in range(3):
         event = revision(alice, d=uuid.uuid4(), h=channel)
         _, result = await ingest(writer, event)
         assert result.ok, result
         ids.add(event["id"])
+    return ids
+
+
+async def test_round_trips_per_incremental_page(desk: tuple[Community, Signer, uuid.UUID, str]) -> None:
+    community, alice, channel, token = desk
+    writer = actor_of(community, alice)
+    ids = await three_artifacts(writer, alice, channel)
     info = community_info(community)
     request = incremental.parse_request([{"artifact": "incremental", "query": {"artifact": "current"}}])
     incremental._HOLDERS.clear()
@@ -95,12 +102,7 @@ async def test_a_continuation_whose_scope_guess_is_wrong_is_read_again(
 ) -> None:
     community, alice, channel, token = desk
     writer = actor_of(community, alice)
-    ids = set()
-    for _ in range(3):
-        event = revision(alice, d=uuid.uuid4(), h=channel)
-        _, result = await ingest(writer, event)
-        assert result.ok, result
-        ids.add(event["id"])
+    ids = await three_artifacts(writer, alice, channel)
     info = community_info(community)
     request = incremental.parse_request([{"artifact": "incremental", "query": {"artifact": "current"}}])
     incremental._SCOPES.clear()
