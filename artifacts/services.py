@@ -177,8 +177,10 @@ WITH facts AS (
   ON CONFLICT DO NOTHING
 ), ttl AS (
   -- A write into a TTL channel pushes its deadline forward, as kind 9 does (buzz.chat.messages).
+  -- By the primary key the facts found: a generic plan may search (community, uuid) through the
+  -- community's index and read every channel (tests/chat/test_hot_plans.py).
   UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE community_id = %(community)s AND uuid = %(h)s AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM art)
+  WHERE id = (SELECT f.channel_pk FROM facts f) AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM art)
 ),
 -- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
 {insert_ctes("stored", "ev", source="art")}
@@ -219,8 +221,9 @@ WITH head AS (
   FROM head WHERE %(removal_id)s::varchar IS NOT NULL
 ), ttl AS (
   -- A write into a TTL channel pushes its deadline forward, as kind 9 does (buzz.chat.messages).
+  -- By the primary key of h that the read's facts found (see _CREATE).
   UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE community_id = %(community)s AND uuid = %(h)s AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM head)
+  WHERE id = %(h_pk)s::bigint AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM head)
 ),
 -- Both are stored events: the revision in its channel, and a move's removal in the source.
 {insert_ctes("stored", "ev", source="head")},
@@ -256,7 +259,7 @@ async def accept_revision(actor: Actor, event: Event) -> WriteResult:
     except ProtocolError as err:
         return await _refuse_malformed(actor, event, err.reason)
     owner = _owner(event)
-    # The write pool: generic plans only, pinned by tests/chat/test_hot_plans.py (buzz.runtime).
+    # The write pool (buzz.runtime): reads holding the main pool never make a write wait.
     pool = await runtime.write_pool()
     # No transaction around the statements: a create is one atomic statement, and an edit's one write is
     # the compare-and-set statement (its read takes no lock, so a transaction would add BEGIN and COMMIT
@@ -367,11 +370,12 @@ def advance_params(
     env: Envelope,
     *,
     artifact: int,
+    channel_pk: int,
     carried: list[str],
     removal: Event | None,
     source: uuid.UUID | None,
 ) -> dict[str, Any]:
-    """The parameters of the compare-and-set statement."""
+    """The parameters of the compare-and-set statement; `channel_pk` is h's primary key (the read's facts)."""
     community = actor.community.id
     names, values = _tag_arrays(event)
     return {
@@ -380,6 +384,7 @@ def advance_params(
         "id": event.id,
         "op": env.op,
         "h": env.h,
+        "h_pk": channel_pk,
         "prev": env.prev,
         "root": env.root,
         "pubkey": event.pubkey,
@@ -452,7 +457,12 @@ async def _edit_once(
             # A root that is kept needs no anchor any more; a new one must exist now.
             return WriteResult.rejected(ANCHOR_INVALID), []
     removal = removal_event(actor.community, d=env.d, source=source, replaced=head_id) if source else None
-    params = advance_params(actor, event, env, artifact=pk, carried=list(p_tags or []), removal=removal, source=source)
+    h_pk = facts[env.h].channel_pk
+    if h_pk is None:  # decide_post allowed a post to h, so h exists
+        raise RuntimeError("the artifact read found no channel for an allowed edit")
+    params = advance_params(
+        actor, event, env, artifact=pk, channel_pk=h_pk, carried=list(p_tags or []), removal=removal, source=source
+    )
     seq = await (await conn.execute(_ADVANCE, params)).fetchone()
     if seq is None:
         return None

@@ -132,7 +132,7 @@ async def post_message(actor: Actor, event: Event) -> WriteResult:
         _, refused = await check_post(actor, event)
         return WriteResult.rejected(refused.reason)
     channel = channel_of(event)
-    # The write pool: generic plans only, pinned by tests/chat/test_hot_plans.py (buzz.runtime).
+    # The write pool (buzz.runtime): reads holding the main pool never make a write wait.
     pool = await runtime.write_pool()
     async with pool.connection() as conn:
         row = await (await conn.execute(_POST_SQL, post_params(actor, event, channel))).fetchone()

@@ -8,7 +8,8 @@ filtered on the id: every message then read every event in the channel.
 Method: the tables the statements read and write are created afresh in a schema of their own
 (`CREATE TABLE ... (LIKE public.t INCLUDING ALL)`: the same columns, defaults, identities and
 indexes, the same foreign keys re-created among them), with autovacuum off, and filled with 20,000
-events and revisions in ONE channel; they are never analyzed (pinned: reltuples is still -1). Each
+events and revisions in ONE channel, in a community of 1,000 more channels the author is a member of;
+they are never analyzed (pinned: reltuples is still -1). Each
 statement is prepared with the parameter types psycopg sends, and explained with
 `plan_cache_mode = force_generic_plan`, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE`, in a
 transaction that is rolled back. The parameters are built by the services' own functions from real
@@ -60,7 +61,12 @@ HOT_TABLES = (
     "artifacts_revision",
     "artifacts_currenttag",
     "artifacts_moveremoval",
+    "buzz_channel",
+    "buzz_membership",
 )
+# Other channels of the community, the author a member of each: a plan that joined the community's
+# channels with the author's memberships before the channel asked about read them all, on every write.
+OTHER_CHANNELS = 1_000
 # A node may return or filter away this many rows at most: an exact lookup returns one.
 MAX_NODE_ROWS = 50
 # Buffers for a whole statement (index descents and the writes' index entries), far below a scan of
@@ -107,7 +113,44 @@ class Fresh:
 
 
 def _fill(conn: psycopg.Connection[Any], community: int, channel: uuid.UUID, author: str) -> None:
-    c = {"community": community, "channel": channel, "author": author, "rows": ROWS, "artifacts": ROWS // 4}
+    c = {
+        "community": community,
+        "channel": channel,
+        "author": author,
+        "rows": ROWS,
+        "artifacts": ROWS // 4,
+        "others": OTHER_CHANNELS,
+    }
+    # The channel and its membership as the fixture made them (same ids), then the other channels.
+    conn.execute("INSERT INTO buzz_channel SELECT * FROM public.buzz_channel WHERE uuid = %(channel)s", c)
+    conn.execute(
+        "INSERT INTO buzz_membership SELECT m.* FROM public.buzz_membership m"
+        " JOIN public.buzz_channel ch ON ch.id = m.channel_id WHERE ch.uuid = %(channel)s",
+        c,
+    )
+    # Copies of the channel (a private stream the author created) and of the author's membership in it.
+    conn.execute(
+        """
+        INSERT INTO buzz_channel (id, uuid, name, about, topic, purpose, visibility, listed, type, ttl_seconds,
+                                  deadline, created_by, created_at, archived_at, deleted_at, community_id,
+                                  access_changed_at)
+        SELECT 1000000 + i, md5('ch' || i)::uuid, 'other ' || i, about, topic, purpose, visibility, listed, type,
+               ttl_seconds, deadline, created_by, created_at, archived_at, deleted_at, community_id,
+               access_changed_at
+        FROM public.buzz_channel, generate_series(1, %(others)s) AS i WHERE uuid = %(channel)s
+        """,
+        c,
+    )
+    conn.execute(
+        """
+        INSERT INTO buzz_membership (id, pubkey, role, joined_at, removed_at, read_mark, channel_id)
+        SELECT 1000000 + i, m.pubkey, m.role, m.joined_at, m.removed_at, m.read_mark, 1000000 + i
+        FROM public.buzz_membership m JOIN public.buzz_channel ch ON ch.id = m.channel_id,
+             generate_series(1, %(others)s) AS i
+        WHERE ch.uuid = %(channel)s AND m.pubkey = %(author)s
+        """,
+        c,
+    )
     conn.execute(
         """
         INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
@@ -254,7 +297,10 @@ def assert_exact(explained: dict[str, Any], label: str) -> None:
             continue
         assert node["Node Type"] != "Seq Scan", f"{label}: sequential scan: {_brief(node)}"
         returned = node["Actual Rows"] * node["Actual Loops"]
-        removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Index Recheck", 0)
+        removed = sum(
+            node.get(k, 0)
+            for k in ("Rows Removed by Filter", "Rows Removed by Index Recheck", "Rows Removed by Join Filter")
+        )
         assert returned <= MAX_NODE_ROWS, f"{label}: {returned} rows: {_brief(node)}"
         assert removed <= MAX_NODE_ROWS, f"{label}: {removed} rows filtered away: {_brief(node)}"
     buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
@@ -284,7 +330,11 @@ def hot_statements(fresh: Fresh) -> dict[str, tuple[str, dict[str, Any]]]:
     event = _event(revision(alice, d=d, h=channel, op="update", prev=head, root=root))
     env = parse_envelope(event)
     out["edit_read"] = (_READ, read_params(actor, event, env, None))
-    advance = advance_params(actor, event, env, artifact=ARTIFACT_AT, carried=[], removal=None, source=None)
+    channel_pk = fresh.conn.execute("SELECT id FROM public.buzz_channel WHERE uuid = %s", (channel,)).fetchone()
+    assert channel_pk is not None
+    advance = advance_params(
+        actor, event, env, artifact=ARTIFACT_AT, channel_pk=channel_pk[0], carried=[], removal=None, source=None
+    )
     out["edit_advance"] = (_ADVANCE, advance)
     # The foreign-key checks the writes' commits run (PostgreSQL's own lookups, one per inserted row).
     keys = {"c": actor.community.id, "id": head, "a": ARTIFACT_AT, "k": ROOT_AT}
