@@ -282,8 +282,8 @@ def stored_counts(database_url: str, pubkeys: list[str]) -> dict[str, int]:
         kind9 = conn.execute(
             "SELECT count(*) FROM buzz_storedevent WHERE kind = 9 AND pubkey = ANY(%s)", (pubkeys,)
         ).fetchone()
-        stats = conn.execute("SELECT coalesce(sum(message_count), 0) FROM buzz_channelstats").fetchone()
-    return {"kind9": int(kind9[0]) if kind9 else -1, "channelstats_sum": int(stats[0]) if stats else -1}
+        stats = conn.execute("SELECT coalesce(sum(message_count), 0) FROM buzz_messagecounter").fetchone()
+    return {"kind9": int(kind9[0]) if kind9 else -1, "message_counter_sum": int(stats[0]) if stats else -1}
 
 
 def table_deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"loss check: {tally.sent} EVENTs sent, {tally.ok_true} OK true ({tally.duplicates} duplicate), "
         f"{tally.refused} refused, {tally.sent - tally.ok_true - tally.refused} unanswered; stored kind-9 "
-        f"{stored['kind9']}, channel message_count sum {stored['channelstats_sum']} -> "
+        f"{stored['kind9']}, channel message_count sum {stored['message_counter_sum']} -> "
         + ("OK, stored == OK true" if ok_loss else f"MISMATCH ({lost:+d})")
     )
     if tally.signed_inline:

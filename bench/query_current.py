@@ -8,7 +8,7 @@ and type (10 values; the type tag doubles as the artifact's type column), status
 (5 values), assignee (100 pubkeys). Rows: artifacts_artifact (the head),
 artifacts_revision (the revision, raw = the event), artifacts_currenttag ((name,
 first value) of every tag but auth: 8 per artifact, via artifacts.envelope.match_tags),
-buzz_channel + buzz_channelstats (what the channel service writes) and
+buzz_channel (what the channel service writes; no messages, so no buzz_messagecounter rows) and
 buzz_membership (5 authors per channel, and the reader in --reader-channels of them,
 default 200). The signed events are cached under var/bench/query_current/ so a
 second run loads the same data set without signing again. VACUUM ANALYZE after the
@@ -193,9 +193,6 @@ def load(database_url: str, community_id: int, ds: Dataset, reader: str, reader_
                 cur.execute("SELECT uuid::text, id FROM buzz_channel WHERE community_id = %s", (community_id,))
             )
             counts["channels"] = len(ids)
-            with cur.copy("COPY buzz_channelstats (channel_id, message_count) FROM STDIN") as copy:
-                for ch in ds.channels:
-                    copy.write_row((ids[ch], 0))
             with cur.copy("COPY buzz_membership (channel_id, pubkey, role, joined_at, read_mark) FROM STDIN") as copy:
                 for ch, mem in zip(ds.channels, ds.members, strict=True):
                     for j, pk in enumerate(mem):
@@ -238,7 +235,7 @@ def load(database_url: str, community_id: int, ds: Dataset, reader: str, reader_
     counts["rebuilt_indexes"] = [name for name, _ in secondary]
     t1 = time.perf_counter()
     with psycopg.connect(database_url, autocommit=True, connect_timeout=10) as conn:
-        for table in (*ARTIFACT_TABLES, "buzz_channel", "buzz_membership", "buzz_channelstats", "buzz_apitoken",
+        for table in (*ARTIFACT_TABLES, "buzz_channel", "buzz_membership", "buzz_apitoken",
                       "buzz_ban", "buzz_timeout"):  # fmt: skip
             conn.execute(f"VACUUM (ANALYZE) {table}")
     counts["vacuum_s"] = time.perf_counter() - t1

@@ -238,8 +238,8 @@ class Membership(models.Model):
     # Both on the database clock (ClockTimestamp): incremental reads page on them.
     joined_at = models.DateTimeField(db_default=ClockTimestamp())
     removed_at = models.DateTimeField(null=True, blank=True)
-    # Read state: the channel's message_count when this member last read (or posted).
-    # Unread = ChannelStats.message_count - read_mark, so a message costs O(1) writes.
+    # Read state: the channel's message count when this member last read (or posted).
+    # Unread = the sum of the channel's MessageCounter shards - read_mark, so a message costs O(1) writes.
     read_mark = models.PositiveBigIntegerField(default=0)
 
     objects = MembershipQuerySet.as_manager()
@@ -315,12 +315,28 @@ class ApiToken(models.Model):
 # --- message counters ----------------------------------------------------------
 
 
-class ChannelStats(models.Model):
-    """Per-channel counters. Only kind-9 messages move them; artifact revisions never do."""
+# A message adds 1 to one shard of its channel's count: the shard of the database session that writes it
+# (pg_backend_pid() % MESSAGE_COUNTER_SHARDS), so concurrent writers in one channel don't queue on one row
+# until each commits. The channel's count is the sum of its shards.
+MESSAGE_COUNTER_SHARDS = 16
 
-    channel = models.OneToOneField(Channel, on_delete=models.CASCADE, primary_key=True, related_name="stats")
+
+class MessageCounter(models.Model):
+    """One shard of a channel's kind-9 message count; only kind-9 messages move it, artifact revisions never
+    do. A shard's row is made by the first message counted in it (buzz.chat.messages)."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="message_counters")
+    shard = models.PositiveSmallIntegerField()
     message_count = models.PositiveBigIntegerField(default=0)
     last_message_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "shard"], name="message_counter_shard_unique"),
+            models.CheckConstraint(
+                condition=models.Q(shard__lt=MESSAGE_COUNTER_SHARDS), name="message_counter_shard_range"
+            ),
+        ]
 
 
 class ThreadStats(models.Model):

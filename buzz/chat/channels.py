@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterable
 
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from buzz.access.changes import access_changed
@@ -23,11 +24,11 @@ from buzz.live import signals
 from buzz.models import (
     Channel,
     ChannelRole,
-    ChannelStats,
     ChannelType,
     ClockTimestamp,
     Community,
     Membership,
+    MessageCounter,
     Visibility,
 )
 from buzz.nostr import Event, Signer
@@ -61,9 +62,9 @@ def active_membership(channel: Channel, pubkey: str) -> Membership | None:
 
 
 def _message_count(channel: Channel) -> int:
-    """A new member starts with nothing unread."""
-    stats = ChannelStats.objects.filter(channel=channel).values_list("message_count", flat=True).first()
-    return int(stats or 0)
+    """A new member starts with nothing unread: the sum of the channel's counter shards."""
+    total = MessageCounter.objects.filter(channel=channel).aggregate(n=Sum("message_count"))["n"]
+    return int(total or 0)
 
 
 def _owners(channel: Channel) -> int:
@@ -169,7 +170,6 @@ def channel_create(
             deadline=now + dt.timedelta(seconds=ttl_seconds) if ttl_seconds else None,
             created_by=creator,
         )
-        ChannelStats.objects.create(channel=channel)
         if channel_type == ChannelType.DM:
             # DM participants are peers: nobody owns a DM.
             Membership.objects.bulk_create(

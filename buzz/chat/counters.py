@@ -1,6 +1,7 @@
 """Selectors for message counters: channel totals, unread, thread replies, mentions.
 
-Unread is derived: the channel's message_count minus the member's read_mark.
+Unread is derived: the channel's message count (the sum of its MessageCounter shards) minus the member's
+read_mark.
 Only kind-9 messages move these numbers (buzz.chat.messages); NIP-AR revisions never do.
 """
 
@@ -13,26 +14,29 @@ from buzz.access.policy import readable_channels
 from buzz.identity.actor import Actor
 from buzz.runtime import runtime
 
-_CHANNEL = """
-SELECT s.message_count, m.read_mark
-FROM buzz_channel c JOIN buzz_channelstats s ON s.channel_id = c.id
+# A channel's message count: the sum of its shards (buzz.models.MessageCounter).
+_COUNT = "(SELECT coalesce(sum(s.message_count), 0)::bigint FROM buzz_messagecounter s WHERE s.channel_id = c.id)"
+
+_CHANNEL = f"""
+SELECT {_COUNT}, m.read_mark
+FROM buzz_channel c
 LEFT JOIN buzz_membership m ON m.channel_id = c.id AND m.pubkey = %s AND m.removed_at IS NULL
 WHERE c.community_id = %s AND c.uuid = %s
-"""
+"""  # noqa: S608 - composed from constants
 
-_MARK = """
-UPDATE buzz_membership m SET read_mark = s.message_count
-FROM buzz_channel c JOIN buzz_channelstats s ON s.channel_id = c.id
+_MARK = f"""
+UPDATE buzz_membership m SET read_mark = {_COUNT}
+FROM buzz_channel c
 WHERE m.channel_id = c.id AND c.community_id = %s AND c.uuid = %s AND m.pubkey = %s AND m.removed_at IS NULL
-RETURNING s.message_count
-"""
+RETURNING m.read_mark
+"""  # noqa: S608 - composed from constants
 
-_UNREAD = """
-SELECT c.uuid, s.message_count, m.read_mark
-FROM buzz_membership m JOIN buzz_channel c ON c.id = m.channel_id JOIN buzz_channelstats s ON s.channel_id = c.id
+_UNREAD = f"""
+SELECT c.uuid, {_COUNT}, m.read_mark
+FROM buzz_membership m JOIN buzz_channel c ON c.id = m.channel_id
 WHERE m.pubkey = %s AND m.removed_at IS NULL AND c.community_id = %s AND c.deleted_at IS NULL
 ORDER BY c.uuid
-"""
+"""  # noqa: S608 - composed from constants
 
 _THREAD = "SELECT reply_count FROM buzz_threadstats WHERE community_id = %s AND root_id = %s AND channel_id = %s"
 

@@ -36,6 +36,7 @@ from buzz.events.ingest import WriteResult, register_kind, root_refusals
 from buzz.events.store import insert_ctes, insert_params
 from buzz.identity.actor import Actor
 from buzz.live import signals
+from buzz.models import MESSAGE_COUNTER_SHARDS
 from buzz.nostr import Event
 from buzz.runtime import runtime
 from buzz.sqltext import hot_statement
@@ -64,11 +65,19 @@ WITH facts AS (
 ), root_ok AS (
   SELECT 1 FROM allowed WHERE NOT EXISTS (SELECT 1 FROM bad_root)
 ), {insert_ctes("ins", "ev", source="root_ok")}, stats AS (
-  UPDATE buzz_channelstats SET message_count = message_count + 1, last_message_at = now()
-  WHERE channel_id = (SELECT channel_pk FROM allowed) AND EXISTS (SELECT 1 FROM ins) RETURNING message_count
+  -- One shard of the channel's count, the session's own (buzz.models.MessageCounter): concurrent writers
+  -- in one channel don't wait for each other's commits on one row.
+  INSERT INTO buzz_messagecounter (channel_id, shard, message_count, last_message_at)
+  SELECT channel_pk, pg_backend_pid() %% {MESSAGE_COUNTER_SHARDS}, 1, now() FROM allowed
+  WHERE EXISTS (SELECT 1 FROM ins)
+  ON CONFLICT (channel_id, shard)
+  DO UPDATE SET message_count = buzz_messagecounter.message_count + 1, last_message_at = now()
+  RETURNING 1
 ), mark AS (
-  -- Posting marks the channel read for the author.
-  UPDATE buzz_membership SET read_mark = (SELECT message_count FROM stats)
+  -- Posting marks the channel read for the author: the count this statement sees, with its own message.
+  UPDATE buzz_membership SET read_mark = 1 + (
+    SELECT coalesce(sum(s.message_count), 0) FROM buzz_messagecounter s
+    WHERE s.channel_id = (SELECT channel_pk FROM allowed))
   WHERE channel_id = (SELECT channel_pk FROM allowed) AND pubkey = %(pubkey)s AND removed_at IS NULL
     AND EXISTS (SELECT 1 FROM stats)
 ), thread AS (

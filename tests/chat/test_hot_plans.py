@@ -63,6 +63,7 @@ HOT_TABLES = (
     "artifacts_moveremoval",
     "buzz_channel",
     "buzz_membership",
+    "buzz_messagecounter",
 )
 # Other channels of the community, the author a member of each: a plan that joined the community's
 # channels with the author's memberships before the channel asked about read them all, on every write.

@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 
 from buzz.chat import channels
 from buzz.chat.channels import ChannelError
-from buzz.models import Channel, ChannelStats, Community, Membership, StoredEvent
+from buzz.models import Channel, Community, Membership, MessageCounter, StoredEvent
 from buzz.nostr import Signer, parse_event, verify_event
 from tests.support.factories import NOT_A_MEMBER, make_channel, make_community, message, signed, signers
 from tests.support.records import stored
@@ -267,7 +267,13 @@ def test_edit_metadata_rules(crew_db: Crew) -> None:
 
 def test_join_is_for_open_channels_only(crew_db: Crew) -> None:
     c = crew_db
-    ChannelStats.objects.filter(channel__uuid=c.open).update(message_count=7)
+    open_channel = Channel.objects.get(uuid=c.open)
+    MessageCounter.objects.bulk_create(
+        [
+            MessageCounter(channel=open_channel, shard=0, message_count=4),
+            MessageCounter(channel=open_channel, shard=5, message_count=3),
+        ]
+    )
     channels.channel_join(community=c.community, channel_uuid=c.open, pubkey=c.outsider.pubkey)
     joined = Membership.objects.get(channel__uuid=c.open, pubkey=c.outsider.pubkey, removed_at__isnull=True)
     assert (joined.role, joined.read_mark) == ("member", 7)  # a new member starts with nothing unread
