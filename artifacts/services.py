@@ -205,11 +205,21 @@ WITH head AS (
   SELECT %(id)s, %(community)s, head.id, %(op)s, %(h)s, %(prev)s, %(root)s, %(pubkey)s, %(created_at)s,
          %(raw)s, nextval('artifacts_accept_seq'), clock_timestamp()
   FROM head RETURNING seq
+), tags_now AS MATERIALIZED (
+  -- The current tags become the new head's: only the pairs that differ are deleted and inserted (an edit
+  -- usually keeps most of them). Read in the statement's snapshot, where they are prev's: the
+  -- compare-and-set wins only when no other head change committed since. The table is read by the
+  -- artifact's key only: the differences are computed between the two small sets.
+  SELECT c.id, c.name, c.value FROM artifacts_currenttag c WHERE c.artifact_id = (SELECT id FROM head)
+), tags_next AS MATERIALIZED (
+  SELECT t.n, t.v FROM unnest(%(tag_names)s::text[], %(tag_values)s::text[]) AS t(n, v)
 ), old_tags AS (
-  DELETE FROM artifacts_currenttag WHERE artifact_id = (SELECT id FROM head)
+  DELETE FROM artifacts_currenttag c WHERE c.artifact_id = (SELECT id FROM head) AND c.id = ANY(ARRAY(
+    SELECT o.id FROM tags_now o WHERE NOT EXISTS (SELECT 1 FROM tags_next t WHERE t.n = o.name AND t.v = o.value)))
 ), new_tags AS (
   INSERT INTO artifacts_currenttag (artifact_id, name, value)
-  SELECT head.id, t.n, t.v FROM head, unnest(%(tag_names)s::text[], %(tag_values)s::text[]) AS t(n, v)
+  SELECT head.id, t.n, t.v FROM head, tags_next t
+  WHERE NOT EXISTS (SELECT 1 FROM tags_now o WHERE o.name = t.n AND o.value = t.v)
 ), mentions AS (
   INSERT INTO buzz_mention (community_id, pubkey, event_id, channel_id, kind, created_at)
   SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM head, unnest(%(mentions)s::text[]) AS p
