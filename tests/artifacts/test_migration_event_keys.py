@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
-from django.db.migrations.executor import MigrationExecutor
 
 from buzz.identity.communities import community_create
+from tests.support.migrations import migrate, schema_at
 
 OLD = [("buzz", "0002_access_change_stamps"), ("artifacts", "0003_currenttag_statistics")]
 NEW = [("buzz", "0003_community_event_keys"), ("artifacts", "0004_community_revision_keys")]
@@ -27,25 +27,10 @@ ALICE, BOB, CAROL = "a1" * 32, "b0" * 32, "c0" * 32
 MSG, CREATE, UPDATE, MOVE, DELETE, REMOVAL = (f"{n:02x}" * 32 for n in range(1, 7))
 
 
-def migrate(targets: list[tuple[str, str]]) -> None:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-
-
 @pytest.fixture
 def old_schema(transactional_db: None) -> Iterator[None]:
-    migrate(OLD)
-    try:
+    with schema_at(OLD):
         yield
-    finally:
-        migrate([("buzz", executor_leaf("buzz")), ("artifacts", executor_leaf("artifacts"))])
-
-
-def executor_leaf(app: str) -> str:
-    loader = MigrationExecutor(connection).loader
-    (leaf,) = [name for a, name in loader.graph.leaf_nodes() if a == app]
-    return leaf
 
 
 def raw(event_id: str, kind: int, tags: list[list[str]], pubkey: str = ALICE) -> str:

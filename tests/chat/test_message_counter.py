@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from buzz.chat.messages import _POST_SQL, post_params
 from buzz.models import MESSAGE_COUNTER_SHARDS, Channel, Community, Membership, MessageCounter
@@ -24,6 +23,7 @@ from buzz.nostr import Signer, parse_event
 from buzz.runtime import conninfo_from_settings
 from tests.support.factories import make_channel, make_community, message
 from tests.support.inprocess import actor_of
+from tests.support.migrations import migrate, schema_at
 
 
 def _session_in_another_shard(taken: int) -> tuple[psycopg.Connection[Any], int]:
@@ -79,24 +79,10 @@ def test_writers_in_one_channel_count_without_waiting_for_each_other(transaction
 OLD = [("buzz", "0005_hot_lookup_indexes")]
 
 
-def _migrate(targets: list[tuple[str, str]]) -> None:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-
-
-def _leaf() -> str:
-    (leaf,) = [n for a, n in MigrationExecutor(connection).loader.graph.leaf_nodes() if a == "buzz"]
-    return leaf
-
-
 @pytest.fixture
 def old_schema(transactional_db: None) -> Iterator[None]:
-    _migrate(OLD)
-    try:
+    with schema_at(OLD):
         yield
-    finally:
-        _migrate([("buzz", _leaf())])
 
 
 def _rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -119,12 +105,12 @@ def test_the_migration_keeps_each_channel_count_both_ways(old_schema: None) -> N
             (pk,) = cur.fetchone()
             cur.execute("INSERT INTO buzz_channelstats (channel_id, message_count) VALUES (%s, %s)", [pk, n])
             ids.append(pk)
-    _migrate([("buzz", "0006_message_counter_shards")])
+    migrate([("buzz", "0006_message_counter_shards")])
     got = _rows("SELECT channel_id, shard, message_count FROM buzz_messagecounter WHERE channel_id = ANY(%s)", [ids])
     assert sorted(got) == sorted([(ids[0], 0, 7), (ids[1], 0, 0)])
     # A second shard, as a concurrent writer leaves it; back, the shards sum into the one row.
     with connection.cursor() as cur:
         cur.execute("INSERT INTO buzz_messagecounter (channel_id, shard, message_count) VALUES (%s, 3, 2)", [ids[0]])
-    _migrate(OLD)
+    migrate(OLD)
     back = _rows("SELECT channel_id, message_count FROM buzz_channelstats WHERE channel_id = ANY(%s)", [ids])
     assert sorted(back) == sorted([(ids[0], 9), (ids[1], 0)])
