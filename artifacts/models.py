@@ -35,7 +35,8 @@ def _refuse_delete(what: str) -> GuardedChange:
 class Artifact(models.Model):
     """One artifact identity (community, d) and its current head. The head row is the CAS lock."""
 
-    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="artifacts")
+    # No index of its own: artifact_identity and three more lead with the community.
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="artifacts", db_index=False)
     d = models.UUIDField()
     type = models.CharField(max_length=128)
     # The current head (its event id) and the facts about it that reads filter on. The head is the
@@ -81,8 +82,10 @@ class Revision(models.Model):
     # Relay acceptance order (the database sequence artifacts_accept_seq, shared with move removals).
     seq = models.BigIntegerField(primary_key=True)
     id = models.CharField(max_length=64)
-    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="revisions")
-    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="revisions")
+    # Neither key has an index of its own: revision_identity leads with the community, revision_history
+    # with the artifact (an index less for every revision written).
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="revisions", db_index=False)
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="revisions", db_index=False)
     op = models.CharField(max_length=8)
     channel = models.UUIDField(help_text="h: the channel this revision was published in (its read scope)")
     prev = models.CharField(max_length=64, null=True, blank=True)

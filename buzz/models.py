@@ -133,7 +133,8 @@ class StoredEvent(models.Model):
 
     key = models.BigAutoField(primary_key=True)
     id = models.CharField(max_length=64, validators=[HEX64])
-    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: every index of the table but two leads with the community.
+    community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="events", db_index=False)
     pubkey = models.CharField(max_length=64)
     kind = models.IntegerField()
     created_at = models.BigIntegerField()
