@@ -128,12 +128,14 @@ async def next_for(client: RelayClient, sub: str, timeout: float = READ_TIMEOUT)
 
 
 def lock_waiters(table: str) -> int:
-    """Backends of the test database waiting for a lock in a query that names `table`."""
+    """Backends of the test database waiting for a lock on `table` (pg_locks: pg_stat_activity's query
+    text is cut at track_activity_query_size, so a long statement's table names may not be in it)."""
     with psycopg.connect(relay_database_url(), autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND query LIKE %s AND pid <> pg_backend_pid()",
-            [f"%{table}%"],
+            "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+            " WHERE d.datname = current_database() AND l.relation = %s::regclass AND NOT l.granted"
+            " AND l.pid <> pg_backend_pid()",
+            [table],
         ).fetchone()
     assert row is not None
     return int(row[0])
