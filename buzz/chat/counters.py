@@ -14,8 +14,13 @@ from buzz.access.policy import readable_channels
 from buzz.identity.actor import Actor
 from buzz.runtime import runtime
 
-# A channel's message count: the sum of its shards (buzz.models.MessageCounter).
-_COUNT = "(SELECT coalesce(sum(s.message_count), 0)::bigint FROM buzz_messagecounter s WHERE s.channel_id = c.id)"
+
+def message_count_sql(channel_pk: str) -> str:
+    """A channel's message count as an SQL expression: the sum of its shards (buzz.models.MessageCounter)."""
+    return f"(SELECT coalesce(sum(s.message_count), 0)::bigint FROM buzz_messagecounter s WHERE s.channel_id = {channel_pk})"  # noqa: S608,E501
+
+
+_COUNT = message_count_sql("c.id")
 
 _CHANNEL = f"""
 SELECT {_COUNT}, m.read_mark

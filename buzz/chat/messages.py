@@ -32,6 +32,7 @@ from buzz.access.policy import (
     owner_of_agent,
     post_allowed_sql,
 )
+from buzz.chat.counters import message_count_sql
 from buzz.events.ingest import WriteResult, register_kind, root_refusals
 from buzz.events.store import insert_ctes, insert_params
 from buzz.identity.actor import Actor
@@ -75,9 +76,7 @@ WITH facts AS (
   RETURNING 1
 ), mark AS (
   -- Posting marks the channel read for the author: the count this statement sees, with its own message.
-  UPDATE buzz_membership SET read_mark = 1 + (
-    SELECT coalesce(sum(s.message_count), 0) FROM buzz_messagecounter s
-    WHERE s.channel_id = (SELECT channel_pk FROM allowed))
+  UPDATE buzz_membership SET read_mark = 1 + {message_count_sql("(SELECT channel_pk FROM allowed)")}
   WHERE channel_id = (SELECT channel_pk FROM allowed) AND pubkey = %(pubkey)s AND removed_at IS NULL
     AND EXISTS (SELECT 1 FROM stats)
 ), thread AS (
