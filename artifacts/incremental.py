@@ -274,14 +274,30 @@ def sign_token(kind: str, payload: dict[str, Any]) -> str:
     return signing.dumps(payload, key=_key(), salt=_SALTS[kind], compress=True)
 
 
+# (key, kind, token) -> its payload, for tokens whose signature checked out: a page opens its cursor up to
+# three times (the one-trip guess, then `resume` twice), and a signature's verdict under one key never
+# changes. Only verified payloads are kept; a refused token is checked again every time.
+_OPENED: Final[OrderedDict[tuple[str, str, str], dict[str, Any]]] = OrderedDict()
+_OPENED_MAX: Final = 1024
+
+
 def open_token(kind: str, token: str) -> dict[str, Any]:
-    """The payload of a token this relay (any instance sharing the key) signed as `kind`. Raises 400."""
+    """The payload of a token this relay (any instance sharing the key) signed as `kind`. Raises 400.
+    The payload is shared with later calls for the same token: callers only read it."""
+    cache_key = (_key(), kind, token)
+    found = _OPENED.get(cache_key)
+    if found is not None:
+        _OPENED.move_to_end(cache_key)
+        return found
     try:
-        payload = signing.loads(token, key=_key(), salt=_SALTS[kind])
+        payload = signing.loads(token, key=cache_key[0], salt=_SALTS[kind])
     except (signing.BadSignature, ValueError, UnicodeDecodeError):
         raise invalid(f"this {kind} was not issued by this relay, or was altered", reason="token") from None
     if not isinstance(payload, dict) or payload.get("v") != VERSION:
         raise invalid(f"this {kind} was not issued by this relay, or was altered", reason="token")
+    _OPENED[cache_key] = payload
+    while len(_OPENED) > _OPENED_MAX:
+        _OPENED.popitem(last=False)
     return payload
 
 
@@ -627,7 +643,7 @@ def _remove(d: uuid.UUID | str) -> str:
     return json.dumps({"type": "remove", "artifactId": str(d)}, separators=(",", ":"))
 
 
-def _remove_channel(channel: uuid.UUID) -> str:
+def _remove_channel(channel: uuid.UUID | str) -> str:
     return f'{{"type":"removeChannel","channelId":"{channel}"}}'
 
 
@@ -655,7 +671,7 @@ def _initial_sql(
         keyset = " AND (a.changed_at, a.d) > (%s, %s::uuid)"
         args.extend([from_micros(run.after.ts), run.after.ident])
     sql = (
-        f"SELECT a.changed_at, {SRC_HEAD}, a.d::text, NULL::uuid, a.d, r.raw FROM {HEAD_JOIN}"  # noqa: S608
+        f"SELECT a.changed_at, {SRC_HEAD}, a.d::text, NULL::text, a.d::text, r.raw FROM {HEAD_JOIN}"  # noqa: S608
         f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT %s"
     )
     args.append(n)
@@ -676,7 +692,7 @@ def _later_sql(
     args += [community, channels, lo, hi]
     heads = (
         f'(SELECT a.changed_at AS ts, {SRC_HEAD} AS src, a.d::text COLLATE "C" AS ident, a.id AS aid,'  # noqa: S608
-        " NULL::uuid AS chan FROM artifacts_artifact a"
+        " NULL::text AS chan FROM artifacts_artifact a"
         " WHERE a.community_id = %s AND a.home = ANY(%s) AND a.changed_at >= %s AND a.changed_at <= %s"
     )
     if after is not None and after.src == SRC_HEAD:
@@ -689,7 +705,7 @@ def _later_sql(
 
     args += [community, channels, lo, hi]
     moves = (
-        f'(SELECT m.accepted_at, {SRC_MOVE}, a.d::text COLLATE "C", a.id, NULL::uuid'  # noqa: S608
+        f'(SELECT m.accepted_at, {SRC_MOVE}, a.d::text COLLATE "C", a.id, NULL::text'  # noqa: S608
         " FROM artifacts_moveremoval m JOIN artifacts_artifact a ON a.id = m.artifact_id"
         " WHERE m.community_id = %s AND m.source = ANY(%s) AND m.accepted_at >= %s AND m.accepted_at <= %s"
     )
@@ -700,7 +716,7 @@ def _later_sql(
     args += [community, actor.pubkey, channels, lo, hi]
     grant_ident = "(c.uuid::text || ' ' || a.d::text) COLLATE \"C\""
     grants = (
-        f"(SELECT mb.joined_at, {SRC_GRANT}, {grant_ident}, a.id, NULL::uuid"  # noqa: S608
+        f"(SELECT mb.joined_at, {SRC_GRANT}, {grant_ident}, a.id, NULL::text"  # noqa: S608
         " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
         " JOIN artifacts_artifact a ON a.community_id = c.community_id AND a.home = c.uuid"
         " WHERE c.community_id = %s AND mb.pubkey = %s AND c.uuid = ANY(%s)"
@@ -712,7 +728,7 @@ def _later_sql(
 
     args += [community, actor.pubkey, lo, hi, channels, named, named, token_channels, token_channels]
     removals = (
-        f'(SELECT mb.removed_at, {SRC_REMOVAL}, c.uuid::text COLLATE "C", NULL::bigint, c.uuid'  # noqa: S608
+        f'(SELECT mb.removed_at, {SRC_REMOVAL}, c.uuid::text COLLATE "C", NULL::bigint, c.uuid::text'  # noqa: S608
         " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
         " WHERE c.community_id = %s AND mb.pubkey = %s AND mb.removed_at >= %s AND mb.removed_at <= %s"
         " AND c.ttl_seconds IS NULL AND NOT (c.uuid = ANY(%s))"
@@ -728,7 +744,7 @@ def _later_sql(
     args.append(n)
     sql = (
         f"WITH u AS ({heads} UNION ALL {moves} UNION ALL {grants} UNION ALL {removals})"  # noqa: S608
-        f" SELECT u.ts, u.src, u.ident, u.chan, a.d, CASE WHEN a.id IS NOT NULL AND {visible} THEN r.raw END"
+        f" SELECT u.ts, u.src, u.ident, u.chan, a.d::text, CASE WHEN a.id IS NOT NULL AND {visible} THEN r.raw END"
         " FROM u LEFT JOIN artifacts_artifact a ON a.id = u.aid"
         " LEFT JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
         ' ORDER BY u.ts, u.src, u.ident COLLATE "C" LIMIT %s'
@@ -744,7 +760,7 @@ def _page_body(started: str, changes: list[str], next_cursor: str | None, checkp
     return head + ",".join(changes) + tail + "}"
 
 
-def _entry(src: int, chan: uuid.UUID | None, d: uuid.UUID | None, raw: str | None) -> str | None:
+def _entry(src: int, chan: str | None, d: str | None, raw: str | None) -> str | None:
     if src == SRC_REMOVAL and chan is not None:
         return _remove_channel(chan)
     if d is None:
@@ -880,7 +896,7 @@ def _page(actor: Actor, request: Request, run: Pass, rows: list[Any], n: int) ->
         _, src, _, chan, d, raw = row
         entry = _entry(src, chan, d, raw)
         if entry is not None:
-            grown = size + len(entry.encode("utf-8")) + 1
+            grown = size + (len(entry) if entry.isascii() else len(entry.encode("utf-8"))) + 1
             if grown > bound:
                 if consumed == 0:
                     raise IncrementalError(

@@ -90,3 +90,18 @@ def test_canonical_uuids_only() -> None:
     assert incremental.canonical_uuid("22222222-2222-4222-8222-222222222222") is not None
     for value in ("22222222-2222-4222-8222-22222222222A", "{22222222-2222-4222-8222-222222222222}", "x", ""):
         assert incremental.canonical_uuid(value) is None
+
+
+def test_an_opened_token_vouches_for_no_other_string() -> None:
+    """open_token keeps the payloads of tokens it verified: an altered copy of one, and the same token
+    under another key, are still checked (and refused), and the kept payloads are bounded."""
+    checkpoint = _checkpoint()
+    assert incremental.open_token("checkpoint", checkpoint)["s"] == incremental.micros(T0)
+    flipped = checkpoint[:-1] + ("A" if checkpoint[-1] != "A" else "B")
+    assert _error(lambda: incremental.open_token("checkpoint", flipped)).code == "incremental_invalid"
+    assert _error(lambda: incremental.open_token("cursor", checkpoint)).code == "incremental_invalid"
+    with override_settings(BUZZ_INCREMENTAL={**KEY, "signing_key": "another-" + "k" * 40}):
+        assert _error(lambda: incremental.open_token("checkpoint", checkpoint)).code == "incremental_invalid"
+    for i in range(incremental._OPENED_MAX + 10):
+        incremental.open_token("checkpoint", _checkpoint(start=T0 + dt.timedelta(microseconds=i)))
+    assert len(incremental._OPENED) == incremental._OPENED_MAX
