@@ -16,6 +16,10 @@ before the envelope's own reason. Then, without a transaction (each write is one
     can't both succeed) and only then inserts the revision, replaces the current-tag index, records new
     mentions and, for a move, stores the relay-signed kind-45011 removal. An edit that loses the
     compare-and-set to a concurrent one is checked again against the head that won.
+  update (the common edit: same channel, same type): ONE statement, one round trip (_UPDATE): the
+    edit's read and its compare-and-set, the write guarded in SQL by every check `_judge_edit` makes
+    of an update, which then answers on the returned row as for any edit. An update it accepts that
+    wrote nothing (a concurrent edit won) is read and advanced again as above.
 After commit it signals live subscribers of every channel the change touches.
 
 Non-disclosure: an edit of an artifact the sender can't read gets the same answer as an edit of a
@@ -29,8 +33,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from psycopg import AsyncConnection
 
@@ -67,7 +73,7 @@ from buzz.identity.communities import CommunityInfo
 from buzz.live import signals
 from buzz.nostr import Event, ProtocolError, Signer, verify_owner_attestation
 from buzz.runtime import runtime
-from buzz.sqltext import hot_statement
+from buzz.sqltext import hot_statement, raw_statement
 
 log = logging.getLogger(__name__)
 
@@ -190,14 +196,15 @@ SELECT f.*, (SELECT seq FROM rev), (SELECT ok FROM anchor),
 FROM facts f
 """)  # noqa: S608 - composed from code, values are placeholders
 
-# Everything hangs on `head`, the compare-and-set: when the head is no longer prev it updates no row and
-# nothing else is written. Under READ COMMITTED an UPDATE that waited for a competing edit re-checks
-# head_id against the row that edit committed.
-_ADVANCE = hot_statement(f"""
-WITH head AS (
+
+def _head_change_ctes(*, artifact: str, allowed: str, mentions: str, channel_pk: str) -> str:
+    """The CTEs of an edit's compare-and-set and everything that goes with it, from `head` (the UPDATE of
+    the artifact `artifact` whose head is still prev, when the SQL condition `allowed` holds) to the stored
+    event; `mentions` filters the mentioned pubkeys `p`, and `channel_pk` is h's primary key."""
+    return f"""head AS (
   UPDATE artifacts_artifact SET head_id = %(id)s, home = %(h)s, root = %(root)s, deleted = %(deleted)s,
          retired = false, p_tags = %(p_tags)s::varchar[], changed_at = clock_timestamp()
-  WHERE id = %(artifact)s AND head_id = %(prev)s
+  WHERE id = {artifact} AND head_id = %(prev)s AND {allowed}
   RETURNING id
 ), rev AS (
   INSERT INTO artifacts_revision (id, community_id, artifact_id, op, channel, prev, root, pubkey, created_at, raw,
@@ -223,22 +230,62 @@ WITH head AS (
 ), mentions AS (
   INSERT INTO buzz_mention (community_id, pubkey, event_id, channel_id, kind, created_at)
   SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM head, unnest(%(mentions)s::text[]) AS p
+  WHERE {mentions}
   ON CONFLICT DO NOTHING
-), removal AS (
+), ttl AS (
+  -- A write into a TTL channel pushes its deadline forward, as kind 9 does (buzz.chat.messages).
+  -- By the primary key of h that the policy's facts found (see _CREATE).
+  UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
+  WHERE id = {channel_pk} AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM head)
+),
+-- The revision is a stored event in its channel too.
+{insert_ctes("stored", "ev", source="head")}"""  # noqa: S608 - composed from code, values are placeholders
+
+
+# Everything hangs on `head`, the compare-and-set: when the head is no longer prev it updates no row and
+# nothing else is written. Under READ COMMITTED an UPDATE that waited for a competing edit re-checks
+# head_id against the row that edit committed. The caller decided on _READ's row; mentions exclude the
+# p tags the last revision that is not a deletion carried (computed from that row).
+_ADVANCE = hot_statement(f"""
+WITH {_head_change_ctes(artifact="%(artifact)s", allowed="true", mentions="true", channel_pk="%(h_pk)s::bigint")},
+removal AS (
   INSERT INTO artifacts_moveremoval (id, community_id, artifact_id, source, replaced, move_id, raw, seq, accepted_at)
   SELECT %(removal_id)s::varchar, %(community)s, head.id, %(source)s, %(prev)s, %(id)s, %(removal_raw)s::text,
          nextval('artifacts_accept_seq'), clock_timestamp()
   FROM head WHERE %(removal_id)s::varchar IS NOT NULL
-), ttl AS (
-  -- A write into a TTL channel pushes its deadline forward, as kind 9 does (buzz.chat.messages).
-  -- By the primary key of h that the read's facts found (see _CREATE).
-  UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE id = %(h_pk)s::bigint AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM head)
 ),
--- Both are stored events: the revision in its channel, and a move's removal in the source.
-{insert_ctes("stored", "ev", source="head")},
+-- A move's removal is a stored event in the source.
 {insert_ctes("stored_removal", "rm", source="head")}
 SELECT seq FROM rev
+""")  # noqa: S608 - composed from code, values are placeholders
+
+# An update (op=update: same channel, same type) in ONE statement: _READ's row, and the compare-and-set
+# guarded by every check `_judge_edit` makes of an update, so it writes only what that decision accepts.
+# The answer is still `_judge_edit`'s, on the returned row; when it accepts and nothing was written (a
+# concurrent edit won the compare-and-set), the edit is read and advanced again (`_edit`).
+_UPDATE_CHANGE = _head_change_ctes(
+    artifact="(SELECT id FROM allowed)",
+    allowed="EXISTS (SELECT 1 FROM allowed)",
+    mentions="NOT (p = ANY(coalesce((SELECT p_tags FROM allowed), ARRAY[]::varchar[])))",
+    channel_pk="(SELECT channel_pk FROM allowed)",
+)
+_UPDATE = raw_statement(f"""
+WITH art AS (
+  SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, a.p_tags
+  FROM (VALUES (1)) AS one (x)
+  LEFT JOIN artifacts_artifact a ON a.d = %(d)s AND a.community_id IS NOT DISTINCT FROM %(community)s::bigint
+), facts AS (
+{access_facts_sql("ARRAY[(SELECT coalesce(art.home, %(h)s::uuid) FROM art), %(h)s::uuid]")}
+), checks AS MATERIALIZED (
+  SELECT {_ANCHOR_OK} AS anchor_ok, {_SEEN} AS seen
+), allowed AS MATERIALIZED (
+  SELECT art.id, art.p_tags, f.channel_pk FROM art, checks, facts f
+  WHERE f.channel = %(h)s::uuid AND art.home = %(h)s::uuid AND {post_allowed_sql("f")} AND NOT checks.seen
+    AND art.head_id = %(prev)s AND art.type = %(type)s AND NOT art.deleted
+    AND (art.root IS NOT DISTINCT FROM %(root)s::varchar OR checks.anchor_ok)
+  LIMIT 1
+), {_UPDATE_CHANGE}
+SELECT f.*, art.*, checks.anchor_ok, checks.seen, (SELECT seq FROM rev) FROM facts f, art, checks
 """)  # noqa: S608 - composed from code, values are placeholders
 
 
@@ -352,9 +399,16 @@ async def _create(
 async def _edit(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
 ) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]]:
-    # A second pass follows a compare-and-set lost to a concurrent edit; its prev is no longer the head then,
-    # so it answers without writing.
-    for _ in range(2):
+    # An update is decided and written in one statement (_UPDATE); any other edit is read, then advanced.
+    # A second pass follows a compare-and-set lost to a concurrent edit; its prev is no longer the head
+    # then, so it answers without writing.
+    passes = 2
+    if env.op == "update":
+        result = await _update_once(conn, actor, event, env, owner)
+        if result is not None:
+            return result
+        passes = 1
+    for _ in range(passes):
         result = await _edit_once(conn, actor, event, env, owner)
         if result is not None:
             return result
@@ -374,6 +428,28 @@ def read_params(actor: Actor, event: Event, env: Envelope, owner: str | None) ->
     }
 
 
+def _head_change_params(actor: Actor, event: Event, env: Envelope) -> dict[str, Any]:
+    """The parameters of `_head_change_ctes` that come from the event alone."""
+    community = actor.community.id
+    names, values = _tag_arrays(event)
+    return {
+        "community": community,
+        "id": event.id,
+        "op": env.op,
+        "h": env.h,
+        "prev": env.prev,
+        "root": env.root,
+        "pubkey": event.pubkey,
+        "created_at": event.created_at,
+        "raw": event.to_json(),
+        "deleted": env.op == "delete",
+        "tag_names": names,
+        "tag_values": values,
+        "kind": KIND_ARTIFACT,
+        **insert_params("ev", community_id=community, event=event, channel=env.h),
+    }
+
+
 def advance_params(
     actor: Actor,
     event: Event,
@@ -386,49 +462,54 @@ def advance_params(
     source: uuid.UUID | None,
 ) -> dict[str, Any]:
     """The parameters of the compare-and-set statement; `channel_pk` is h's primary key (the read's facts)."""
-    community = actor.community.id
-    names, values = _tag_arrays(event)
     return {
-        "community": community,
+        **_head_change_params(actor, event, env),
         "artifact": artifact,
-        "id": event.id,
-        "op": env.op,
-        "h": env.h,
         "h_pk": channel_pk,
-        "prev": env.prev,
-        "root": env.root,
-        "pubkey": event.pubkey,
-        "created_at": event.created_at,
-        "raw": event.to_json(),
-        "deleted": env.op == "delete",
-        "tag_names": names,
-        "tag_values": values,
         # Mentions only for p tags the last revision that is not a deletion did not carry (a deletion
         # carries none, and keeps the set for the restore to be compared with).
         "mentions": mentioned(event, exclude=carried),
         "p_tags": carried if env.op == "delete" else named_pubkeys(event),
-        "kind": KIND_ARTIFACT,
         "removal_id": removal.id if removal else None,
         "removal_raw": removal.to_json() if removal else None,
         "source": source,
-        **insert_params("ev", community_id=community, event=event, channel=env.h),
-        **insert_params("rm", community_id=community, event=removal, channel=source),
+        **insert_params("rm", community_id=actor.community.id, event=removal, channel=source),
     }
 
 
-async def _edit_once(
-    conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
-) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]] | None:
-    """One pass of an edit; None when the compare-and-set found the head changed since it was read."""
-    rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
+def update_params(actor: Actor, event: Event, env: Envelope, owner: str | None) -> dict[str, Any]:
+    """The parameters of the one-statement update (_UPDATE): the read's and the advance's. The statement
+    leaves out the mentions that the current head carries (an update's head is never a deletion)."""
+    return {
+        **read_params(actor, event, env, owner),
+        **_head_change_params(actor, event, env),
+        "type": env.type,
+        "mentions": mentioned(event),
+        "p_tags": named_pubkeys(event),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Accepted:
+    """An edit `_judge_edit` accepts, and what its compare-and-set needs from the read."""
+
+    artifact: int
+    channel_pk: int
+    carried: list[str]
+    source: uuid.UUID | None
+    removal: Event | None
+
+
+def _judge_edit(actor: Actor, env: Envelope, rows: list[Any]) -> WriteResult | _Accepted:
+    """The answer to an edit from the read's rows (_READ's, or _UPDATE's with its seq after them)."""
     if not rows:
         raise RuntimeError("the artifact read returned no row")
     facts = dict(access_from_row(r) for r in rows)
-    pk, type_name, head_id, home, root, deleted, p_tags, anchor_ok, seen = rows[0][FACT_COLUMNS:]
+    pk, type_name, head_id, home, root, deleted, p_tags, anchor_ok, seen = rows[0][FACT_COLUMNS : FACT_COLUMNS + 9]
     # A resubmission (or a copy of this event that committed meanwhile, a retry in flight) says only
     # "you sent this before", before any other answer, as buzz.events.ingest's duplicate answer did.
     if seen:
-        return WriteResult.accepted(DUPLICATE), []
+        return WriteResult.accepted(DUPLICATE)
     # The same policy facts on both paths: the channel the artifact lives in (or h for a missing d), and h.
     checked = home if pk is not None else env.h
     decision = decide_post(actor, checked, facts[checked])
@@ -436,50 +517,93 @@ async def _edit_once(
         # The sender's own standing (scope, ban, timeout, a dead token) denies an edit of an existing
         # artifact below; it must deny a missing one alike, or the answer would tell that d exists.
         denied = not decision.ok and not _channel_bound(decision.reason)
-        return WriteResult.rejected(decision.reason if denied else HEAD_UNAVAILABLE), []
+        return WriteResult.rejected(decision.reason if denied else HEAD_UNAVAILABLE)
     if not decision.ok:
-        return WriteResult.rejected(HEAD_UNAVAILABLE if _hidden(decision.reason) else decision.reason), []
+        return WriteResult.rejected(HEAD_UNAVAILABLE if _hidden(decision.reason) else decision.reason)
     if env.prev != head_id:
-        return WriteResult.rejected(HEAD_CHANGED), []
+        return WriteResult.rejected(HEAD_CHANGED)
     if env.type != type_name:
-        return WriteResult.rejected("invalid: type is immutable"), []
+        return WriteResult.rejected("invalid: type is immutable")
     if deleted and env.op != "restore":
-        return WriteResult.rejected("invalid: the artifact is deleted; only restore is accepted"), []
+        return WriteResult.rejected("invalid: the artifact is deleted; only restore is accepted")
     if not deleted and env.op == "restore":
-        return WriteResult.rejected("invalid: only a deleted artifact can be restored"), []
+        return WriteResult.rejected("invalid: only a deleted artifact can be restored")
     source: uuid.UUID | None = None
     if env.op == "move":
         if env.h == home:
-            return WriteResult.rejected("invalid: a move changes h; use update to stay in the channel"), []
+            return WriteResult.rejected("invalid: a move changes h; use update to stay in the channel")
         destination = decide_post(actor, env.h, facts[env.h])
         if not destination.ok:
-            return WriteResult.rejected(destination.reason), []
+            return WriteResult.rejected(destination.reason)
         if not anchor_ok:
-            return WriteResult.rejected("invalid: a move's root must be absent or a message in the destination"), []
+            return WriteResult.rejected("invalid: a move's root must be absent or a message in the destination")
         source = home
     else:
         if env.h != home:
-            return WriteResult.rejected(f"invalid: {env.op} keeps h; changing the channel is a move"), []
+            return WriteResult.rejected(f"invalid: {env.op} keeps h; changing the channel is a move")
         if env.op == "delete":
             if env.root != root:
-                return WriteResult.rejected("invalid: a delete keeps the artifact's root"), []
+                return WriteResult.rejected("invalid: a delete keeps the artifact's root")
         elif env.root != root and not anchor_ok:
             # A root that is kept needs no anchor any more; a new one must exist now.
-            return WriteResult.rejected(ANCHOR_INVALID), []
+            return WriteResult.rejected(ANCHOR_INVALID)
     removal = removal_event(actor.community, d=env.d, source=source, replaced=head_id) if source else None
     h_pk = facts[env.h].channel_pk
     if h_pk is None:  # decide_post allowed a post to h, so h exists
         raise RuntimeError("the artifact read found no channel for an allowed edit")
+    return _Accepted(artifact=pk, channel_pk=h_pk, carried=list(p_tags or []), source=source, removal=removal)
+
+
+def _published(event: Event, env: Envelope, accepted: _Accepted) -> list[tuple[uuid.UUID, Event]]:
+    published = [(env.h, event)]
+    if accepted.removal is not None and accepted.source is not None:
+        published.append((accepted.source, accepted.removal))
+    return published
+
+
+async def _edit_once(
+    conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
+) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]] | None:
+    """One pass of an edit; None when the compare-and-set found the head changed since it was read."""
+    rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
+    judged = _judge_edit(actor, env, rows)
+    if isinstance(judged, WriteResult):
+        return judged, []
     params = advance_params(
-        actor, event, env, artifact=pk, channel_pk=h_pk, carried=list(p_tags or []), removal=removal, source=source
+        actor,
+        event,
+        env,
+        artifact=judged.artifact,
+        channel_pk=judged.channel_pk,
+        carried=judged.carried,
+        removal=judged.removal,
+        source=judged.source,
     )
     seq = await (await conn.execute(_ADVANCE, params)).fetchone()
     if seq is None:
         return None
-    published = [(env.h, event)]
-    if removal is not None and source is not None:
-        published.append((source, removal))
-    return WriteResult.accepted(), published
+    return WriteResult.accepted(), _published(event, env, judged)
+
+
+async def _update_once(
+    conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
+) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]] | None:
+    """An update in one statement; None when `_judge_edit` accepts it and the statement wrote nothing (a
+    concurrent edit won the compare-and-set): `_edit` reads it again."""
+    # A raw cursor: the statement is longer than psycopg's conversion cache takes (buzz.sqltext).
+    cursor = psycopg.AsyncRawCursor(conn)
+    await cursor.execute(_UPDATE.text, _UPDATE.args(update_params(actor, event, env, owner)))
+    rows = await cursor.fetchall()
+    judged = _judge_edit(actor, env, rows)
+    written = rows[0][FACT_COLUMNS + 9] is not None
+    if isinstance(judged, WriteResult):
+        if written:
+            # The statement's guard and _judge_edit disagree: a bug, never an answer.
+            raise RuntimeError("the update statement wrote an edit that _judge_edit refuses")
+        return judged, []
+    if not written:
+        return None
+    return WriteResult.accepted(), _published(event, env, judged)
 
 
 async def reject_removal(actor: Actor, event: Event) -> WriteResult:

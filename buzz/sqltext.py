@@ -9,13 +9,16 @@ relay CPU per execute of a 6 KB statement, about a quarter of what a kind-9 mess
 The write statements are long because they are commented and indented for people to read, so
 `hot_statement` drops the comments and the runs of whitespace (never inside a quoted literal or
 identifier) and refuses, when the module defining the statement is imported, a text that psycopg
-would still not cache.
+would still not cache. A statement that can't be made that short is a `raw_statement`: converted to
+`$n` placeholders once, and run on a raw cursor.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Final
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
 
 CACHED_QUERY_BYTES: Final = 4096
 CACHED_QUERY_PARAMS: Final = 50
@@ -69,3 +72,42 @@ def hot_statement(sql: str) -> str:
     if len(parameter_names(text)) > CACHED_QUERY_PARAMS:
         raise RuntimeError(f"a hot statement has more than {CACHED_QUERY_PARAMS} parameters")
     return text
+
+
+# A placeholder psycopg would convert: `%%` (a percent sign), `%(name)s`, or anything else after a `%`.
+_PLACEHOLDER: Final = re.compile(r"%(?:(%)|\((\w+)\)s|(.))", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class RawStatement:
+    """A hot statement converted once, at import, to PostgreSQL's `$n` placeholders, for a statement too
+    long for psycopg's conversion cache: run it on a raw cursor (psycopg.AsyncRawCursor) with
+    `args(params)`, and nothing is converted per execute, whatever its length."""
+
+    named: str  # compact, with the %(name)s placeholders (what tests EXPLAIN with named parameters)
+    text: str  # the same, with $n for the n-th name in order of first appearance
+    names: tuple[str, ...]
+
+    def args(self, params: Mapping[str, Any]) -> list[Any]:
+        """The positional parameters of `text` from named ones (KeyError for a missing name)."""
+        return [params[name] for name in self.names]
+
+
+def raw_statement(sql: str) -> RawStatement:
+    """`compact(sql)` with its `%(name)s` placeholders numbered as psycopg numbers them (tests compare the
+    two). Raises ValueError for a placeholder that is not `%(name)s` or `%%`."""
+    named = compact(sql)
+    order: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        percent, name, other = match.groups()
+        if percent is not None:
+            return "%"
+        if name is None:
+            raise ValueError(f"a raw statement takes %(name)s placeholders only, not %{other}")
+        if name not in order:
+            order[name] = len(order) + 1
+        return f"${order[name]}"
+
+    text = _PLACEHOLDER.sub(number, named)
+    return RawStatement(named=named, text=text, names=tuple(order))

@@ -39,7 +39,7 @@ WARMUP = 6
 # the failure paths, buzz.events.ingest; the statements below answer a resubmission themselves).
 PINNED = {
     "create": (1, 1),  # ONE statement: the policy's facts and decision, the root anchor, the identity and the rest
-    "update": (2, 1),  # the artifact with the policy's facts (no lock), then the compare-and-set advance
+    "update": (1, 1),  # ONE statement: the read and the compare-and-set, guarded by the decision (_UPDATE)
     "move": (2, 2),  # as an update (the read's facts cover the home and the destination); the arrival and the removal
     "delete": (2, 1),
     "restore": (2, 1),

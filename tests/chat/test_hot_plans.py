@@ -38,9 +38,11 @@ from artifacts.services import (
     _ADVANCE,
     _CREATE,
     _READ,
+    _UPDATE,
     advance_params,
     create_params,
     read_params,
+    update_params,
 )
 from buzz.chat.messages import _POST_SQL, post_params
 from buzz.identity.actor import Actor
@@ -337,6 +339,9 @@ def hot_statements(fresh: Fresh) -> dict[str, tuple[str, dict[str, Any]]]:
         actor, event, env, artifact=ARTIFACT_AT, channel_pk=channel_pk[0], carried=[], removal=None, source=None
     )
     out["edit_advance"] = (_ADVANCE, advance)
+    # The update in one statement: the read and the guarded compare-and-set (its named text; the service
+    # runs the same statement with $n placeholders).
+    out["edit_update"] = (_UPDATE.named, update_params(actor, event, env, None))
     # The foreign-key checks the writes' commits run (PostgreSQL's own lookups, one per inserted row).
     keys = {"c": actor.community.id, "id": head, "a": ARTIFACT_AT, "k": ROOT_AT}
     for i, check in enumerate(
@@ -370,4 +375,4 @@ def test_the_hot_statements_read_a_handful_of_rows_on_never_analyzed_tables(fres
         assert_exact(late.explain(name), f"{name} (planned on 20,000 rows)")
     late.close()
     assert fresh.never_analyzed()
-    assert len(statements) == 9
+    assert len(statements) == 10

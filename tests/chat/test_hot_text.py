@@ -1,5 +1,6 @@
 """The write statements' text is short enough for psycopg to cache its conversion (buzz.sqltext), and
-compacting it changes no token of the statement."""
+compacting it changes no token of the statement; a raw statement (too long for that cache) is numbered
+exactly as psycopg numbers it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,16 @@ from hypothesis import strategies as st
 from psycopg import _queries
 from psycopg.adapt import Transformer
 
-from artifacts.services import _ADVANCE, _CREATE, _READ
+from artifacts.services import _ADVANCE, _CREATE, _READ, _UPDATE
 from buzz.chat.messages import _POST_SQL
-from buzz.sqltext import CACHED_QUERY_BYTES, CACHED_QUERY_PARAMS, compact, hot_statement, parameter_names
+from buzz.sqltext import (
+    CACHED_QUERY_BYTES,
+    CACHED_QUERY_PARAMS,
+    compact,
+    hot_statement,
+    parameter_names,
+    raw_statement,
+)
 
 HOT = {"kind 9": _POST_SQL, "artifact read": _READ, "artifact create": _CREATE, "artifact advance": _ADVANCE}
 
@@ -91,3 +99,39 @@ _gap = st.sampled_from([" ", "  ", "\n", "\t", " -- note 'x'\n", " /* c */ ", "\
 def test_compacting_random_text_keeps_its_tokens(parts: list[tuple[str, str]]) -> None:
     sql = "".join(token + gap for token, gap in parts)
     assert tokens(compact(sql)) == tokens(sql)
+
+
+def _psycopg_numbering(named: str) -> tuple[str, list[str]]:
+    """psycopg's own conversion of a named query: its $n text, and the names in parameter order."""
+    names = sorted(parameter_names(named))
+    query = _queries.PostgresQuery(Transformer())
+    query.convert(named, {name: f"v{i}" for i, name in enumerate(names)})  # each value names its parameter
+    assert query.params is not None
+    order = [names[int(bytes(p or b"")[1:].decode())] for p in query.params]
+    return query.query.decode(), order
+
+
+def test_the_update_statement_is_numbered_as_psycopg_numbers_it() -> None:
+    text, order = _psycopg_numbering(_UPDATE.named)
+    assert _UPDATE.text == text and list(_UPDATE.names) == order
+    assert _UPDATE.named == compact(_UPDATE.named) and tokens(_UPDATE.named)
+    assert len(_UPDATE.named.encode()) > CACHED_QUERY_BYTES  # why it is raw
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "%%", "x = ", " AND ", "'%%'"]), max_size=30), st.data())
+def test_raw_numbering_matches_psycopg_on_random_text(parts: list[str], data: st.DataObject) -> None:
+    pieces = [p if p in ("%%", "'%%'") or data.draw(st.booleans()) else f"%({p.strip(' =AND') or 'q'})s" for p in parts]
+    sql = "SELECT " + " ".join(pieces)
+    raw = raw_statement(sql)
+    if raw.names:
+        text, order = _psycopg_numbering(raw.named)
+        assert raw.text == text and list(raw.names) == order
+    else:
+        assert raw.text == raw.named.replace("%%", "%")
+    assert raw.args({name: name.upper() for name in raw.names}) == [name.upper() for name in raw.names]
+
+
+def test_a_raw_statement_takes_named_placeholders_only() -> None:
+    for bad in ("SELECT %s", "SELECT %(a)b", "SELECT 5 % 2"):
+        with pytest.raises(ValueError, match="placeholders only"):
+            raw_statement(bad)
