@@ -141,14 +141,15 @@ _ANCHOR_OK = """(%(root)s::varchar IS NULL OR EXISTS (
 # the channel it lives in (h for a missing d) and for h, the anchor answer and whether this event was
 # accepted before, as two rows (one per channel). A missing d and an unreadable one run this same statement.
 # No lock: the compare-and-set in _ADVANCE decides between competing edits.
-_READ = hot_statement(f"""
-WITH art AS (
+_EDIT_READ_CTES = f"""WITH art AS (
   SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, a.p_tags
   FROM (VALUES (1)) AS one (x)
   LEFT JOIN artifacts_artifact a ON a.d = %(d)s AND a.community_id IS NOT DISTINCT FROM %(community)s::bigint
 ), facts AS (
 {access_facts_sql("ARRAY[(SELECT coalesce(art.home, %(h)s::uuid) FROM art), %(h)s::uuid]")}
-)
+)"""  # noqa: S608 - composed from code, values are placeholders
+_READ = hot_statement(f"""
+{_EDIT_READ_CTES}
 SELECT f.*, art.*, {_ANCHOR_OK}, {_SEEN}
 FROM facts f, art
 """)  # noqa: S608 - composed from code, values are placeholders
@@ -270,13 +271,7 @@ _UPDATE_CHANGE = _head_change_ctes(
     channel_pk="(SELECT channel_pk FROM allowed)",
 )
 _UPDATE = raw_statement(f"""
-WITH art AS (
-  SELECT a.id, a.type, a.head_id, a.home, a.root, a.deleted, a.p_tags
-  FROM (VALUES (1)) AS one (x)
-  LEFT JOIN artifacts_artifact a ON a.d = %(d)s AND a.community_id IS NOT DISTINCT FROM %(community)s::bigint
-), facts AS (
-{access_facts_sql("ARRAY[(SELECT coalesce(art.home, %(h)s::uuid) FROM art), %(h)s::uuid]")}
-), checks AS MATERIALIZED (
+{_EDIT_READ_CTES}, checks AS MATERIALIZED (
   SELECT {_ANCHOR_OK} AS anchor_ok, {_SEEN} AS seen
 ), allowed AS MATERIALIZED (
   SELECT art.id, art.p_tags, f.channel_pk FROM art, checks, facts f
