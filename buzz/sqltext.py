@@ -3,7 +3,7 @@ keeps their conversion.
 
 psycopg turns a query's `%(name)s` placeholders into `$n` on each execute, and caches the result only
 for a query of at most CACHED_QUERY_BYTES bytes with at most CACHED_QUERY_PARAMS parameters (its
-MAX_CACHED_STATEMENT_LENGTH and MAX_CACHED_STATEMENT_PARAMS; tests/test_sqltext.py checks the two
+MAX_CACHED_STATEMENT_LENGTH and MAX_CACHED_STATEMENT_PARAMS; tests/chat/test_hot_text.py checks the two
 agree). A longer query is split again on every execute, prepared or not: measured here, 0.5 ms of
 relay CPU per execute of a 6 KB statement, about a quarter of what a kind-9 message cost the relay.
 The write statements are long because they are commented and indented for people to read, so
