@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import uuid
@@ -274,30 +275,26 @@ def sign_token(kind: str, payload: dict[str, Any]) -> str:
     return signing.dumps(payload, key=_key(), salt=_SALTS[kind], compress=True)
 
 
-# (key, kind, token) -> its payload, for tokens whose signature checked out: a page opens its cursor up to
-# three times (the one-trip guess, then `resume` twice), and a signature's verdict under one key never
-# changes. Only verified payloads are kept; a refused token is checked again every time.
-_OPENED: Final[OrderedDict[tuple[str, str, str], dict[str, Any]]] = OrderedDict()
 _OPENED_MAX: Final = 1024
 
 
 def open_token(kind: str, token: str) -> dict[str, Any]:
     """The payload of a token this relay (any instance sharing the key) signed as `kind`. Raises 400.
     The payload is shared with later calls for the same token: callers only read it."""
-    cache_key = (_key(), kind, token)
-    found = _OPENED.get(cache_key)
-    if found is not None:
-        _OPENED.move_to_end(cache_key)
-        return found
+    return _verified(_key(), kind, token)
+
+
+# A page opens its cursor up to three times (the one-trip guess, then `resume` twice), and a signature's
+# verdict under one key never changes: verified payloads are kept, by (key, kind, token). lru_cache keeps
+# no exception, so a refused token is checked again every time.
+@functools.lru_cache(maxsize=_OPENED_MAX)
+def _verified(key: str, kind: str, token: str) -> dict[str, Any]:
     try:
-        payload = signing.loads(token, key=cache_key[0], salt=_SALTS[kind])
+        payload = signing.loads(token, key=key, salt=_SALTS[kind])
     except (signing.BadSignature, ValueError, UnicodeDecodeError):
         raise invalid(f"this {kind} was not issued by this relay, or was altered", reason="token") from None
     if not isinstance(payload, dict) or payload.get("v") != VERSION:
         raise invalid(f"this {kind} was not issued by this relay, or was altered", reason="token")
-    _OPENED[cache_key] = payload
-    while len(_OPENED) > _OPENED_MAX:
-        _OPENED.popitem(last=False)
     return payload
 
 
@@ -643,7 +640,7 @@ def _remove(d: uuid.UUID | str) -> str:
     return json.dumps({"type": "remove", "artifactId": str(d)}, separators=(",", ":"))
 
 
-def _remove_channel(channel: uuid.UUID | str) -> str:
+def _remove_channel(channel: str) -> str:
     return f'{{"type":"removeChannel","channelId":"{channel}"}}'
 
 

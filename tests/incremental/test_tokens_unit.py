@@ -104,4 +104,4 @@ def test_an_opened_token_vouches_for_no_other_string() -> None:
         assert _error(lambda: incremental.open_token("checkpoint", checkpoint)).code == "incremental_invalid"
     for i in range(incremental._OPENED_MAX + 10):
         incremental.open_token("checkpoint", _checkpoint(start=T0 + dt.timedelta(microseconds=i)))
-    assert len(incremental._OPENED) == incremental._OPENED_MAX
+    assert incremental._verified.cache_info().currsize == incremental._OPENED_MAX
