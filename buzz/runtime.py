@@ -8,6 +8,7 @@ runs every call of a process on one thread (DESIGN.md, measured facts).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -52,8 +53,23 @@ async def check_pooled(conn: AsyncConnection[Any]) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
-async def _open_pool(min_size: int, max_size: int, timeout: float) -> AsyncConnectionPool[AsyncConnection[Any]]:
+# The write pool's sessions plan every statement once, generically (WRITE_SESSION_OPTIONS). Its statements
+# are the hot writes, all exact-key lookups whose generic plans tests/chat/test_hot_plans.py checks on
+# never-analyzed tables. Left to choose, PostgreSQL kept planning some of them (the kind-9 statement, an
+# edit's read) on every execution: a custom plan folds the parameters in (a message with no thread root
+# loses the root lookup), so it always looks cheaper than the generic one, and planning a statement of
+# that size cost the server about 1.2 ms of CPU per write, more than running it (docs/operations.md,
+# "Workers and pools").
+WRITE_SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan"
+
+
+async def _open_pool(
+    min_size: int, max_size: int, timeout: float, *, options: str | None = None
+) -> AsyncConnectionPool[AsyncConnection[Any]]:
     kwargs: dict[str, Any] = {"autocommit": True, "row_factory": tuple_row, "prepare_threshold": 2}
+    if options is not None:
+        # Given here, `options` replaces libpq's PGOPTIONS: the operator's come first, then ours.
+        kwargs["options"] = f"{os.environ.get('PGOPTIONS', '')} {options}".strip()
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo_from_settings(),
         min_size=min_size,
@@ -117,7 +133,7 @@ class Runtime:
                 self._pool = await _open_pool(limits["min_size"], limits["max_size"], timeout)
                 self._snapshots = await _open_pool(0, limits["snapshot_max_size"], timeout)
                 # Opened on the first write, then kept (psycopg_pool closes an idle one after 10 min).
-                self._writes = await _open_pool(0, limits["write_max_size"], timeout)
+                self._writes = await _open_pool(0, limits["write_max_size"], timeout, options=WRITE_SESSION_OPTIONS)
         if self._pool is None or self._snapshots is None or self._writes is None:
             raise RuntimeError("database pool failed to open")
         return self._pool, self._snapshots, self._writes
