@@ -14,6 +14,7 @@ The operator's PGOPTIONS is kept: a setting given there reaches the write sessio
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -63,14 +64,11 @@ async def test_write_sessions_use_generic_plans_only(room: tuple[Community, Sign
     community, alice, channel = room
     await _write_everything(community, alice, channel)
     pool = await runtime.write_pool()
-    held: list[Any] = []
     statements: list[tuple[int, int, str]] = []
-    try:
+    async with contextlib.AsyncExitStack() as held:
         # Every connection the pool has opened, held at once so that none is handed out twice.
         for _ in range(pool.get_stats()["pool_size"]):
-            manager = pool.connection()
-            conn = await manager.__aenter__()
-            held.append(manager)
+            conn = await held.enter_async_context(pool.connection())
             settings_row = await (
                 await conn.execute("SELECT current_setting('plan_cache_mode'), current_setting('lock_timeout')")
             ).fetchone()
@@ -79,9 +77,6 @@ async def test_write_sessions_use_generic_plans_only(room: tuple[Community, Sign
                 await conn.execute("SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements")
             ).fetchall()
             statements.extend(rows)
-    finally:
-        for manager in reversed(held):
-            await manager.__aexit__(None, None, None)
     texts = " ".join(statement for _, _, statement in statements)
     # The kind-9 statement and the revision statements were prepared, so the check is not vacuous.
     assert "buzz_messagecounter" in texts and "artifacts_revision" in texts, texts[:500]
