@@ -61,8 +61,22 @@ async def _write_everything(community: Community, alice: Signer, channel: str) -
 
 
 async def test_write_sessions_use_generic_plans_only(room: tuple[Community, Signer, str]) -> None:
-    community, alice, channel = room
-    await _write_everything(community, alice, channel)
+    try:
+        await _write_everything(*room)
+        statements = await _write_sessions()
+    finally:
+        # The pools and Redis clients belong to this test's event loop: closed with it.
+        await runtime.aclose()
+    texts = " ".join(statement for _, _, statement in statements)
+    # The kind-9 statement and the revision statements were prepared, so the check is not vacuous.
+    assert "buzz_messagecounter" in texts and "artifacts_revision" in texts, texts[:500]
+    assert all(generic > 0 and custom == 0 for generic, custom, _ in statements), [
+        (generic, custom, statement[:80]) for generic, custom, statement in statements
+    ]
+
+
+async def _write_sessions() -> list[tuple[int, int, str]]:
+    """The prepared statements of every write-pool connection, each checked for its session settings."""
     pool = await runtime.write_pool()
     statements: list[tuple[int, int, str]] = []
     async with contextlib.AsyncExitStack() as held:
@@ -77,19 +91,17 @@ async def test_write_sessions_use_generic_plans_only(room: tuple[Community, Sign
                 await conn.execute("SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements")
             ).fetchall()
             statements.extend(rows)
-    texts = " ".join(statement for _, _, statement in statements)
-    # The kind-9 statement and the revision statements were prepared, so the check is not vacuous.
-    assert "buzz_messagecounter" in texts and "artifacts_revision" in texts, texts[:500]
-    assert all(generic > 0 and custom == 0 for generic, custom, _ in statements), [
-        (generic, custom, statement[:80]) for generic, custom, statement in statements
-    ]
+    return statements
 
 
 async def test_the_read_pool_keeps_the_servers_choice(room: tuple[Community, Signer, str]) -> None:
     # Reads choose per statement (some force custom plans in their own transaction): not forced here.
-    pool = await runtime.pool()
-    async with pool.connection() as conn:
-        row = await (
-            await conn.execute("SELECT current_setting('plan_cache_mode'), current_setting('lock_timeout')")
-        ).fetchone()
+    try:
+        pool = await runtime.pool()
+        async with pool.connection() as conn:
+            row = await (
+                await conn.execute("SELECT current_setting('plan_cache_mode'), current_setting('lock_timeout')")
+            ).fetchone()
+    finally:
+        await runtime.aclose()
     assert row == ("auto", "4321ms")
