@@ -73,6 +73,7 @@ from buzz.identity.communities import CommunityInfo
 from buzz.live import signals
 from buzz.nostr import Event, ProtocolError, Signer, verify_owner_attestation
 from buzz.runtime import runtime
+from buzz.sqlarrays import IntArray, TextArray
 from buzz.sqltext import hot_statement, raw_statement
 
 log = logging.getLogger(__name__)
@@ -294,9 +295,9 @@ def removal_event(community: CommunityInfo, *, d: uuid.UUID, source: uuid.UUID, 
     )
 
 
-def _tag_arrays(event: Event) -> tuple[list[str], list[str]]:
+def _tag_arrays(event: Event) -> tuple[TextArray, TextArray]:
     pairs = match_tags(event)
-    return [n for n, _ in pairs], [v for _, v in pairs]
+    return TextArray([n for n, _ in pairs]), TextArray([v for _, v in pairs])
 
 
 async def accept_revision(actor: Actor, event: Event) -> WriteResult:
@@ -348,15 +349,15 @@ def create_params(actor: Actor, event: Event, env: Envelope, owner: str | None) 
         "id": event.id,
         "h": env.h,
         "root": env.root,
-        "anchor_kinds": list(ANCHOR_KINDS),
+        "anchor_kinds": IntArray(ANCHOR_KINDS),
         "op": env.op,
         "pubkey": event.pubkey,
         "created_at": event.created_at,
         "raw": event.to_json(),
         "tag_names": names,
         "tag_values": values,
-        "mentions": mentioned(event),
-        "p_tags": named_pubkeys(event),
+        "mentions": TextArray(mentioned(event)),
+        "p_tags": TextArray(named_pubkeys(event)),
         "kind": KIND_ARTIFACT,
         **insert_params("ev", community_id=actor.community.id, event=event, channel=env.h),
     }
@@ -419,7 +420,7 @@ def read_params(actor: Actor, event: Event, env: Envelope, owner: str | None) ->
         "id": event.id,
         "root": env.root,
         "h": env.h,
-        "anchor_kinds": list(ANCHOR_KINDS),
+        "anchor_kinds": IntArray(ANCHOR_KINDS),
     }
 
 
@@ -463,8 +464,8 @@ def advance_params(
         "h_pk": channel_pk,
         # Mentions only for p tags the last revision that is not a deletion did not carry (a deletion
         # carries none, and keeps the set for the restore to be compared with).
-        "mentions": mentioned(event, exclude=carried),
-        "p_tags": carried if env.op == "delete" else named_pubkeys(event),
+        "mentions": TextArray(mentioned(event, exclude=carried)),
+        "p_tags": TextArray(carried if env.op == "delete" else named_pubkeys(event)),
         "removal_id": removal.id if removal else None,
         "removal_raw": removal.to_json() if removal else None,
         "source": source,
@@ -479,8 +480,8 @@ def update_params(actor: Actor, event: Event, env: Envelope, owner: str | None) 
         **read_params(actor, event, env, owner),
         **_head_change_params(actor, event, env),
         "type": env.type,
-        "mentions": mentioned(event),
-        "p_tags": named_pubkeys(event),
+        "mentions": TextArray(mentioned(event)),
+        "p_tags": TextArray(named_pubkeys(event)),
     }
 
 

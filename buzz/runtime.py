@@ -18,6 +18,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
+import buzz.sqlarrays  # noqa: F401 - its array dumpers are registered before any pool connects
 from buzz.live.hub import Hub
 from buzz.live.publisher import Publisher
 from buzz.orm import socket_has_input

@@ -35,6 +35,7 @@ from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.nostr import Event, ProtocolError, verify_owner_attestation
 from buzz.runtime import runtime
+from buzz.sqlarrays import TextArray, UuidArray
 
 SCOPE_READ = "messages:read"
 SCOPE_WRITE = "messages:write"
@@ -150,16 +151,16 @@ def access_params(actor: Actor, channels: Sequence[uuid.UUID] = (), *, owner: st
     statement that computes its channels itself still passes the ones it may ask about, for the token's cover."""
     return {
         "acc_community": actor.community.id,
-        "acc_subjects": [actor.pubkey] if owner is None else [actor.pubkey, owner],
+        "acc_subjects": TextArray([actor.pubkey] if owner is None else [actor.pubkey, owner]),
         "acc_pubkey": actor.pubkey,
-        "acc_channels": list(channels),
+        "acc_channels": UuidArray(channels),
         "acc_token": actor.token_id,
         "acc_members_only": members_only(actor),
         "acc_may_write": has_scope(actor, SCOPE_WRITE),
         # None: the credential covers every channel; else the channels it covers (parse_channel_id drops junk).
         "acc_covered": None
         if actor.channels is None
-        else sorted(c for c in (parse_channel_id(v) for v in actor.channels) if c is not None),
+        else UuidArray(sorted(c for c in (parse_channel_id(v) for v in actor.channels) if c is not None)),
     }
 
 

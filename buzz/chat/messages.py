@@ -40,6 +40,7 @@ from buzz.live import signals
 from buzz.models import MESSAGE_COUNTER_SHARDS
 from buzz.nostr import Event
 from buzz.runtime import runtime
+from buzz.sqlarrays import IntArray, TextArray
 from buzz.sqltext import hot_statement
 
 KIND_MESSAGE = 9
@@ -129,8 +130,8 @@ def post_params(actor: Actor, event: Event, channel: uuid.UUID) -> dict[str, Any
         "kind": event.kind,
         "channel": channel,
         "root": thread_root(event),
-        "mentions": mentioned(event),
-        "unrooted": sorted(root_refusals()),
+        "mentions": TextArray(mentioned(event)),
+        "unrooted": IntArray(sorted(root_refusals())),
     }
 
 

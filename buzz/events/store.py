@@ -24,6 +24,7 @@ from typing import Any
 from django.db import connection
 
 from buzz.nostr import Event, ProtocolError
+from buzz.sqlarrays import TextArray
 
 # The stored copy's identity: what a resubmission of the same event to the same community collides on.
 CONFLICT_TARGET = "(community_id, id)"
@@ -102,8 +103,8 @@ def insert_params(key: str, *, community_id: int, event: Event | None, channel: 
         f"{key}_created_at": event.created_at if event is not None else None,
         f"{key}_channel": channel,
         f"{key}_raw": event_json(event) if event is not None else None,
-        f"{key}_tag_names": names,
-        f"{key}_tag_values": values,
+        f"{key}_tag_names": TextArray(names),
+        f"{key}_tag_values": TextArray(values),
     }
 
 
