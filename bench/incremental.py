@@ -22,6 +22,7 @@ Figures, each beside its baseline in the same run, alternating (relay, SQL, rela
 Both sides are checked first to return the same (artifact id, head event id) sequence.
 
     python bench/incremental.py [--artifacts 100000] [--channels 4] [--runs 3] [--json out.json]
+                                [--profile DIR]   (py-spy the relay over extra initial passes, after the timed ones)
 """
 
 from __future__ import annotations
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="timed passes per side and figure")
     parser.add_argument("--db", default="bench_incremental", help="scratch database (bench*), recreated")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy the relay over extra initial passes (untimed)")
+    parser.add_argument("--profile-format", choices=("raw", "flamegraph", "speedscope"), default="raw")
     common.add_app_option(parser)
     args = parser.parse_args(argv)
     if not args.db.startswith("bench") or args.artifacts < 1 or not 1 <= args.changes <= args.artifacts:
@@ -327,6 +330,13 @@ def main(argv: list[str] | None = None) -> int:
             base.run(epoch, None)
             sql_s.append(time.perf_counter() - t)
         results["initial"] = {"relay_s": relay_s, "sql_s": sql_s, "rows": len(rows), "pages": pages}
+        profile = common.profile_path(args.profile, "incremental-initial", args.profile_format)
+        if profile is not None:
+            seconds = max(5.0, 3 * statistics.median(relay_s))
+            with common.py_spy(relay.pid, profile, seconds, args.profile_format):
+                until = time.monotonic() + seconds
+                while time.monotonic() < until:
+                    client.run(None)
         in_process, service_s = service_pass(db_url, env, relay.host_header, reader.pubkey)
         if in_process != rows:
             raise BenchError("the in-process pass returned other rows than the relay")
@@ -392,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         f" {statistics.median(per_page):.1f} ms",
         flush=True,
     )
+    if profile is not None:
+        common.report_profile(profile)
     common.write_json(args.json, results)
     return 0
 
