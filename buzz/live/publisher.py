@@ -81,8 +81,9 @@ class Publisher:
         self._batch_max = batch_max
         self._retry_base = retry_base
         self._retry_cap = retry_cap
-        # (sequence number, topic, message, waiter); the number lets the sender pop exactly the batch it sent.
-        self._queue: deque[tuple[int, str, dict[str, Any], asyncio.Future[bool] | None]] = deque()
+        # (sequence number, wire topic, payload, waiter); the number lets the sender pop exactly the batch it
+        # sent. Encoded once, when queued.
+        self._queue: deque[tuple[int, bytes, bytes, asyncio.Future[bool] | None]] = deque()
         self._seq = 0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -135,19 +136,25 @@ class Publisher:
         if the publisher stopped before sending it. For a caller that answers OK only after the
         signal is out; cancelling the wait does not cancel the publish.
         """
-        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
         self._enqueue(topic, message, waiter)
-        done, _ = await asyncio.wait({waiter}, timeout=timeout)
-        return bool(done) and waiter.result()
+        # The waiter itself is awaited, and settled False when the time is up: a cancelled wait cancels
+        # only the waiter (the sender skips a waiter that is done), never the queued message.
+        timer = loop.call_later(timeout, _settle, waiter, False)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
 
     def _enqueue(self, topic: str, message: dict[str, Any], waiter: asyncio.Future[bool] | None) -> None:
         if self._closed:
             raise RuntimeError("publisher is closed")
-        encode_message(message)  # fail now, in the caller, for a message that can never be sent
+        payload = encode_message(message)  # fails now, in the caller, for a message that can never be sent
         loop = asyncio.get_running_loop()
         # Never refused here: the change has committed (the bound is ensure_room, before the commit).
         self._seq += 1
-        self._queue.append((self._seq, topic, message, waiter))
+        self._queue.append((self._seq, self._hub.wire(topic), payload, waiter))
         self._idle.clear()
         self._wake.set()
         if self._task is None or self._task.done():
@@ -189,7 +196,7 @@ class Publisher:
                 continue
             batch = [self._queue[i] for i in range(min(self._batch_max, len(self._queue)))]
             try:
-                await self._hub.publish_many([(topic, message) for _, topic, message, _ in batch])
+                await self._hub.publish_encoded([(wire, payload) for _, wire, payload, _ in batch])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -217,6 +224,11 @@ class Publisher:
                 waiter = self._queue.popleft()[3]
                 if waiter is not None and not waiter.done():
                     waiter.set_result(True)
+
+
+def _settle(waiter: asyncio.Future[bool], value: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(value)
 
 
 @functools.lru_cache(maxsize=8)

@@ -337,6 +337,54 @@ async def test_publish_and_publish_many_reach_subscribers() -> None:
             await hub.publish("x", ["not", "an", "object"])  # type: ignore[arg-type]
 
 
+async def publish_client_ids(client: Redis, hub: Hub) -> list[int]:
+    return [int(c["id"]) for c in await client.client_list() if c.get("name") == hub.publish_client_name]
+
+
+@pytest.mark.asyncio
+async def test_a_killed_publish_connection_fails_one_publish_and_the_next_connects_again() -> None:
+    async with make_hub() as hub, redis_client() as r:
+        rec = Recorder()
+        await hub.subscribe(["t"], rec)
+        assert await hub.publish("t", {"n": 1}) == 1
+        [first] = await publish_client_ids(r, hub)  # one connection, kept between publishes
+        assert await hub.publish_many([("t", {"n": 2}), ("t", {"n": 3})]) == [1, 1]
+        assert await publish_client_ids(r, hub) == [first]
+        assert await r.client_kill_filter(_id=str(first)) == 1
+        with pytest.raises(RedisConnectionError):
+            await hub.publish("t", {"lost": True})  # raised, never silent: the Publisher retries it
+        assert await hub.publish("t", {"n": 4}) == 1
+        [second] = await publish_client_ids(r, hub)
+        assert second != first
+        await eventually(lambda: [m.get("n") for _, m in rec.messages] == [1, 2, 3, 4])
+
+
+@pytest.mark.asyncio
+async def test_a_publish_cancelled_mid_reply_leaves_no_reply_for_the_next_one() -> None:
+    # The cancelled PUBLISH reaches nobody (0); the next reaches one subscriber (1). Had the half-read
+    # connection been kept, the next publish would read the cancelled one's late reply.
+    assert urlsplit(REDIS_URL).scheme == "redis", "the proxy needs a redis://host:port REDIS_URL"
+    proxy = StallableProxy(REDIS_URL)
+    url = await proxy.start()
+    try:
+        async with make_hub(url) as hub:
+            rec = Recorder()
+            await hub.subscribe(["t"], rec)
+            assert await hub.publish("t", {"n": 1}) == 1
+            proxy.stall()
+            pending = asyncio.ensure_future(hub.publish("nobody", {"n": "cancelled"}))
+            await asyncio.sleep(0.2)
+            pending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+            proxy.resume()
+            assert await hub.publish("t", {"n": 2}) == 1
+            assert await hub.publish("nobody", {"n": 3}) == 0
+            await eventually(lambda: [m["n"] for _, m in rec.messages] == [1, 2])
+    finally:
+        await proxy.aclose()
+
+
 # -- rule 5: every loss is reported -------------------------------------------------------
 
 

@@ -60,13 +60,13 @@ class FlakyHub(Hub):
         self.failures_left = failures
         self.calls = 0
 
-    async def publish_many(self, items: Sequence[tuple[str, dict[str, Any]]]) -> list[int]:
+    async def publish_encoded(self, items: Sequence[tuple[bytes, bytes]]) -> list[int]:
         self.calls += 1
         if self.failures_left is None or self.failures_left > 0:
             if self.failures_left is not None:
                 self.failures_left -= 1
             raise RedisConnectionError("injected publish failure")
-        return await super().publish_many(items)
+        return await super().publish_encoded(items)
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
@@ -141,6 +141,24 @@ async def test_publish_confirmed_waits_for_its_own_message() -> None:
         hub.failures_left = 0
         assert await publisher.publish_confirmed("t", {"n": 2}, timeout=5.0)
         await eventually(lambda: [m["n"] for _, m in rec.messages] == [1, 2])
+        await publisher.aclose(1.0)
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_confirmed_publish_is_still_published() -> None:
+    async with flaky_hub(failures=None) as hub:
+        rec = Recorder()
+        await hub.subscribe(["t"], rec)
+        publisher = Publisher(hub, retry_base=0.01, retry_cap=0.05)
+        waiting = asyncio.ensure_future(publisher.publish_confirmed("t", {"n": 1}, timeout=30.0))
+        await eventually(lambda: hub.calls >= 2)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert publisher.pending == 1  # the wait was cancelled, not the message
+        hub.failures_left = 0
+        assert await publisher.flush(5.0)
+        await eventually(lambda: [m["n"] for _, m in rec.messages] == [1])
         await publisher.aclose(1.0)
 
 
