@@ -37,7 +37,7 @@ import datetime as dt
 import json
 import logging
 import uuid
-from typing import Any
+from typing import Any, Final
 
 import psycopg.errors
 from django.conf import settings
@@ -147,7 +147,8 @@ class SyncSubscription:
         self._pending: dict[str, None] = {}
         self._wake = asyncio.Event()  # a head for the slow path (`_left`) is waiting
         self._slow: tuple[str, Head] | None = None
-        self._reading = False  # a head read (or its slow path) is in progress: the next one waits
+        # The d whose head read (or its slow path) is in progress: the next read waits for it.
+        self._reading: str | None = None
         self._reader: HeadReader | None = None  # the process's head reader, once live
         self._live_phase = False  # EOSE has been queued
         self._counted: Registration | None = None  # this sync's place in the census, once its scope passed
@@ -225,8 +226,9 @@ class SyncSubscription:
         except asyncio.CancelledError:
             raise
         except QueueFull:
-            # The send queue is full: a resync could not be queued either (rule 5).
-            self.host.abort()
+            # EOSE waited for room past the send timeout: the client is not reading (rule 2). The CLOSED may
+            # still fit (the queue is bounded in bytes too); if it doesn't, the connection closes (rule 5).
+            self.end(_TOO_SLOW)
         except Exception:
             log.exception("sync %s failed", self.sub_id)
             self.end("error: the sync failed; start a new sync")
@@ -238,7 +240,7 @@ class SyncSubscription:
         try:
             channels = await reader_scope(actor, named=self._named)
         except Denied as err:
-            self.end(err.reason)
+            self.end(restricted(err.reason))
             return False
         except Exception:
             log.exception("sync access check failed")
@@ -347,9 +349,9 @@ class SyncSubscription:
                 await self.host.outbound.put(text, timeout=SEND_TIMEOUT)
                 buffer.draining = False
         except QueueFull:
-            # The client stopped reading: no CLOSED could be queued either, so the connection ends (rule 5).
-            self.ended = True
-            self.host.abort()
+            # The client stopped reading (rule 2). The CLOSED may still fit where a large EVENT did not (the
+            # queue is bounded in bytes too); if it doesn't, the connection closes (rule 5).
+            self.end(_TOO_SLOW)
 
     async def _serve_changes(self) -> None:
         """Rules 3 and 4: one head read at a time, each started after the previous result is queued.
@@ -375,18 +377,18 @@ class SyncSubscription:
                 log.warning("sync %s: deciding the head of %s failed: %s", self.sub_id, d, exc)
                 self.resync("a change could not be read")
                 return
-            self._reading = False
+            self._reading = None
             if text is not None and not self._queue(text):
                 return
             self._next()
 
     def _next(self) -> None:
         """Start the next read, if the sync is live, has a changed d and no read in progress."""
-        if self._reading or self.ended or not self._live_phase or not self._pending:
+        if self._reading is not None or self.ended or not self._live_phase or not self._pending:
             return
         d = next(iter(self._pending))
         del self._pending[d]
-        self._reading = True
+        self._reading = d
         reader = self._reader
         if reader is None:
             reader = self._reader = head_reader()
@@ -411,7 +413,7 @@ class SyncSubscription:
             self._slow = (d, head)
             self._wake.set()
             return
-        self._reading = False
+        self._reading = None
         if text is not None and not self._queue(text):
             return
         self._next()
@@ -525,8 +527,11 @@ class SyncSubscription:
             self.resync("an artifact of this sync was retired by moderation")
 
     def _may_hold(self, message: dict[str, Any]) -> bool:
-        """Rule 6: only a sync whose set holds the retired artifact, or whose set is still being read, can hold it."""
-        return not self._live_phase or message.get("d") in self._holds
+        """Rule 6: only a sync whose set holds the retired artifact, whose set is still being read, or whose head
+        read of it is in flight can hold it. That read may have read the head before the retirement committed,
+        and would send it after this signal."""
+        d = message.get("d")
+        return not self._live_phase or d in self._holds or (d is not None and d == self._reading)
 
     def _concerns_reader(self, message: dict[str, Any]) -> bool:
         if message.get("why") != signals.WHY_MEMBERSHIP:
@@ -549,6 +554,19 @@ class SyncSubscription:
         self._pending[d] = None
         self._next()
 
+
+def restricted(reason: str) -> str:
+    """The policy's refusal as rule 2 answers a sync the reader can't read: CLOSED "restricted: ...", whatever
+    prefix the policy gave it (a ban is "blocked:", a revoked token "auth-required:" elsewhere). The text
+    after it is kept: it is about the reader's own standing, or the same for every channel it can't read."""
+    if reason.startswith("restricted:"):
+        return reason
+    _, sep, detail = reason.partition(":")
+    return f"restricted: {detail.strip() if sep else reason}"
+
+
+# Rule 2's CLOSED for a reader too slow to take the initial set.
+_TOO_SLOW: Final = "error: the client did not read the initial set in time; start a new sync"
 
 # `_render`'s answer when the slow path must decide.
 _LEFT: Any = object()

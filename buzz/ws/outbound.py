@@ -9,6 +9,13 @@ SEND_MANY extension), the writer hands it everything queued so far, up to
 `BATCH_FRAMES` frames and `BATCH_BYTES` bytes: one change that concerns many
 subscriptions of a connection is one socket write. The frames in flight count
 against the bounds until that send returns, as a single frame did.
+
+A notice that ends something (the CLOSED of a subscription the relay ends) may go
+past the bounds by a fixed slack, `NOTICE_SLACK_FRAMES` frames and
+`NOTICE_SLACK_BYTES` bytes in all: a client that reads too slowly for its sync is
+told so with CLOSED "error: ..." instead of losing the connection (NIP-AR sync rule 2;
+rule 5 closes the connection only when the CLOSED can't be queued). The queue stays
+bounded: by the bounds plus the slack.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from collections.abc import Awaitable, Callable
 # (tests/sync/test_sync_snapshot.py: a reader slower than the budget gets no EOSE).
 BATCH_FRAMES = 256
 BATCH_BYTES = 1 << 16
+# How far past the bounds notices (`try_put(..., notice=True)`) may take the queue, in all.
+NOTICE_SLACK_FRAMES = 32
+NOTICE_SLACK_BYTES = 16 * 1024
 
 
 class QueueFull(Exception):
@@ -47,9 +57,13 @@ class Outbound:
         self._send_many = send_many
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        self._items: collections.deque[tuple[str, int]] = collections.deque()
+        # (text, its UTF-8 size, a notice?)
+        self._items: collections.deque[tuple[str, int, bool]] = collections.deque()
         # Bytes queued plus the bytes of the frames the writer is sending now.
         self._bytes = 0
+        # Of those, the notices': they have a bound of their own (the slack).
+        self._notice_frames = 0
+        self._notice_bytes = 0
         # Frames the writer is sending now beyond the first: they count against max_messages, so a batch
         # in flight holds no more than one frame would have.
         self._extra = 0
@@ -67,14 +81,19 @@ class Outbound:
             return True  # one frame always fits, however large (the event size limit bounds it)
         return len(self._items) + self._extra < self.max_messages and self._bytes + size <= self.max_bytes
 
-    def try_put(self, text: str) -> None:
-        """Queue text or raise QueueFull; never waits, never grows past the bound."""
+    def _notice_fits(self, size: int) -> bool:
+        # Whatever else is queued: the notices are bounded by the slack alone.
+        return self._notice_frames < NOTICE_SLACK_FRAMES and self._notice_bytes + size <= NOTICE_SLACK_BYTES
+
+    def try_put(self, text: str, *, notice: bool = False) -> None:
+        """Queue text or raise QueueFull; never waits, never grows past the bound (plus the notices' slack,
+        for a `notice`)."""
         if self._closed:
             raise QueueFull("connection closing")
         size = _size(text)
-        if not self._fits(size):
+        if not (self._fits(size) or (notice and self._notice_fits(size))):
             raise QueueFull("outbound queue full")
-        self._push(text, size)
+        self._push(text, size, notice)
 
     async def put(self, text: str, *, timeout: float) -> None:
         """Queue text, waiting up to timeout for room; raise QueueFull when there is none."""
@@ -85,7 +104,7 @@ class Outbound:
             if self._closed:
                 raise QueueFull("connection closing")
             if self._fits(size):
-                self._push(text, size)
+                self._push(text, size, False)
                 return
             self._space.clear()
             remaining = deadline - loop.time()
@@ -96,10 +115,21 @@ class Outbound:
             except TimeoutError:
                 raise QueueFull("outbound queue full") from None
 
-    def _push(self, text: str, size: int) -> None:
-        self._items.append((text, size))
+    def _push(self, text: str, size: int, notice: bool) -> None:
+        self._items.append((text, size, notice))
         self._bytes += size
+        if notice:
+            self._notice_frames += 1
+            self._notice_bytes += size
         self._wake.set()
+
+    def _sent(self, size: int, notices: int, notice_bytes: int) -> None:
+        """Frames of `size` bytes, `notices` of them notices, have left (or failed): room again."""
+        self._bytes -= size
+        self._notice_frames -= notices
+        self._notice_bytes -= notice_bytes
+        self._extra = 0
+        self._space.set()
 
     async def _writer(self) -> None:
         items = self._items
@@ -108,30 +138,32 @@ class Outbound:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            text, size = items.popleft()
+            text, size, notice = items.popleft()
+            notices, notice_bytes = (1, size) if notice else (0, 0)
             if self._send_many is None or not items:
                 try:
                     await self._send_text(text)
                 finally:
-                    self._bytes -= size
-                    self._space.set()
+                    self._sent(size, notices, notice_bytes)
                 continue
             batch = [text]
             while items and len(batch) < BATCH_FRAMES and size + items[0][1] <= BATCH_BYTES:
-                more, more_size = items.popleft()
+                more, more_size, more_notice = items.popleft()
                 batch.append(more)
                 size += more_size
+                if more_notice:
+                    notices += 1
+                    notice_bytes += more_size
             self._extra = len(batch) - 1
             try:
                 await self._send_many(batch)
             finally:
-                self._bytes -= size
-                self._extra = 0
-                self._space.set()
+                self._sent(size, notices, notice_bytes)
 
     async def close(self) -> None:
         self._closed = True
         self._items.clear()
+        self._notice_frames = self._notice_bytes = 0
         self._wake.set()
         self._space.set()
         task, self._task = self._task, None

@@ -102,12 +102,13 @@ class Session:
                 log.exception("closing subscription %r failed", sub.sub_id)
         await self.outbound.close()
 
-    def reply(self, message: list[Any]) -> bool:
-        """Queue a reply; on a full queue close the connection. False when closing."""
+    def reply(self, message: list[Any], *, notice: bool = False) -> bool:
+        """Queue a reply; on a full queue close the connection. False when closing. A `notice` (the CLOSED of
+        a subscription the relay ends) may use the queue's slack for notices (buzz.ws.outbound)."""
         if self._closing:
             return False
         try:
-            self.outbound.try_put(dumps(message))
+            self.outbound.try_put(dumps(message), notice=notice)
             return True
         except QueueFull:
             self.abort()
@@ -238,7 +239,7 @@ class Session:
         if self.subscriptions.get(sub.sub_id) is sub:
             del self.subscriptions[sub.sub_id]
         asyncio.get_running_loop().create_task(sub.close())
-        self.reply(["CLOSED", sub.sub_id, reason])
+        self.reply(["CLOSED", sub.sub_id, reason], notice=True)
 
     async def _close_sub(self, sub_id: str) -> None:
         sub = self.subscriptions.pop(sub_id, None)

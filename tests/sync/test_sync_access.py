@@ -55,9 +55,10 @@ async def test_a_ban_or_a_relay_member_removal_resyncs_on_every_node(
         for client, state in ((ra, sa), (rb, sb)):
             await follow(client, "s", state, lambda s: False)
             assert _resync(state), state.closed
-        # A new sync is refused now.
+        # A new sync is refused now, as for any channel the reader can't read (rule 2).
         again = await open_sync(ra, "again", flt)
-        assert again.closed is not None and not again.eose
+        assert again.closed is not None and again.closed.startswith("restricted: "), again.closed
+        assert not again.eose
 
 
 async def test_token_revocation_resyncs_only_that_tokens_syncs(world: World, relay_factory: Any) -> None:
@@ -79,6 +80,9 @@ async def test_token_revocation_resyncs_only_that_tokens_syncs(world: World, rel
         for client, state in ((ta, sa), (tb, sb)):
             await follow(client, "s", state, lambda s: False)
             assert _resync(state), state.closed
+        # A new sync on the revoked token's connection is refused as for a channel it can't read (rule 2).
+        again = await open_sync(ta, "again", flt)
+        assert again.closed is not None and again.closed.startswith("restricted: "), again.closed
         # The reader's NIP-42 connection is not that token's: its sync goes on.
         marker = revision(world.owner, uuid.uuid4(), world.a, "create")
         await write(w, marker)

@@ -1,0 +1,132 @@
+"""Rule 6 against a head read in flight: the sync's decision logic, with the head reader held by the test.
+
+A live sync reads a changed d's head from the writer. If a moderator's redaction retires that head while the
+read is on its way, the read may carry the head as it was before the retirement committed, and the RETIRED
+signal may come first. The sync must end with CLOSED "resync: ..." then, not send the withheld revision.
+The race can't be timed against a real server, so the reader here is a stand-in that answers when the test
+says (pure decision logic: the signals and heads are the ones the relay produces).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from artifacts.heads import Head
+from artifacts.query import parse_query
+from artifacts.sync import SyncSubscription
+from buzz.identity.actor import Actor
+from buzz.identity.communities import CommunityInfo
+from buzz.limits import limits
+from buzz.live import signals
+from buzz.nostr import Signer
+from buzz.ws.outbound import Outbound
+
+Answer = Callable[[Head | None, BaseException | None], None]
+
+
+class Host:
+    """The connection side of a sync: what it queued and how it ended."""
+
+    def __init__(self) -> None:
+        self.community = CommunityInfo(7, "race.test", "race", "", "ws://race.test", "a" * 64, "b" * 64, "open")
+        self.actor = Actor(community=self.community, pubkey=Signer.generate().pubkey)
+        self.limits = limits()
+        self.outbound = Outbound(self._never_sent, max_messages=64, max_bytes=1 << 20)  # not started: it keeps
+        self.reads = asyncio.Semaphore(4)
+        self.closed: list[str] = []
+
+    async def _never_sent(self, text: str) -> None:
+        raise AssertionError("the writer is not started")
+
+    def queued(self) -> list[str]:
+        return [text for text, *_ in self.outbound._items]
+
+    def reply(self, message: list[Any]) -> bool:
+        return True
+
+    def subscription_ended(self, sub: Any, reason: str) -> None:
+        self.closed.append(reason)
+
+    def abort(self) -> None:
+        self.closed.append("(aborted)")
+
+
+class HeldReader:
+    """The head reader, answering only when told."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, Answer]] = []
+
+    def submit(self, community: int, d: str, callback: Answer) -> None:
+        self.asked.append((d, callback))
+
+
+def live_sync(host: Host, channel: uuid.UUID, reader: HeldReader) -> SyncSubscription:
+    sync = SyncSubscription(host, "s", parse_query({"artifact": "current", "#h": [str(channel)]}), [channel])
+    # As `_run` leaves it after EOSE: the scope granted, the set sent (empty here), live.
+    sync._channels = frozenset([channel])
+    sync._reader = reader  # type: ignore[assignment]
+    sync._live_phase = True
+    return sync
+
+
+def head(d: str, channel: uuid.UUID, *, seq: int, retired: bool = False) -> Head:
+    raw = f'{{"id":"{seq:064x}","kind":45010,"tags":[["d","{d}"],["h","{channel}"]]}}'
+    return Head(
+        d=d,
+        home=channel,
+        deleted=False,
+        retired=retired,
+        event_id=f"{seq:064x}",
+        seq=seq,
+        raw=raw,
+        tags=(("d", d), ("h", str(channel))),
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_retirement_during_the_head_read_ends_the_sync_and_the_old_head_is_not_sent() -> None:
+    host, channel, reader = Host(), uuid.uuid4(), HeldReader()
+    sync = live_sync(host, channel, reader)
+    d = str(uuid.uuid4())
+    sync._changed(d)  # a revision of d was accepted: its head is being read
+    [(asked, answer)] = reader.asked
+    assert asked == d
+    # The redaction commits and its signal arrives before the read's answer.
+    sync.on_message(signals.channel_topic(7, channel), signals.retired_message(channel, d))
+    assert len(host.closed) == 1 and host.closed[0].startswith("resync: ")
+    # The read had seen the head before the retirement: it is not sent.
+    answer(head(d, channel, seq=5), None)
+    assert host.queued() == []
+
+
+@pytest.mark.asyncio
+async def test_a_retirement_of_an_artifact_the_sync_never_had_changes_nothing() -> None:
+    host, channel, reader = Host(), uuid.uuid4(), HeldReader()
+    sync = live_sync(host, channel, reader)
+    d, other = str(uuid.uuid4()), str(uuid.uuid4())
+    sync._changed(d)
+    sync.on_message(signals.channel_topic(7, channel), signals.retired_message(channel, other))
+    assert host.closed == []
+    [(_, answer)] = reader.asked
+    answer(head(d, channel, seq=5), None)
+    assert len(host.queued()) == 1 and host.closed == []  # d's head went out; the sync goes on
+    # A retirement of d now (it is in the client's copy) ends the sync, as before.
+    sync.on_message(signals.channel_topic(7, channel), signals.retired_message(channel, d))
+    assert len(host.closed) == 1 and host.closed[0].startswith("resync: ")
+
+
+@pytest.mark.asyncio
+async def test_a_head_read_after_the_retirement_sends_nothing_and_keeps_the_sync() -> None:
+    host, channel, reader = Host(), uuid.uuid4(), HeldReader()
+    sync = live_sync(host, channel, reader)
+    d = str(uuid.uuid4())
+    sync._changed(d)
+    [(_, answer)] = reader.asked
+    answer(head(d, channel, seq=5, retired=True), None)  # retired before the read: the client never had it
+    assert host.queued() == [] and host.closed == []
