@@ -77,8 +77,11 @@ STATEMENT_BUDGET_MS: Final = 2000
 OPERATION_BUDGET_SECONDS: Final = 8.0
 # A token longer than this is not one of ours (ours are a few hundred characters).
 MAX_TOKEN_CHARS: Final = 2048
-# Room in a page for everything but its changes: the envelope, startedAt and a cursor or checkpoint.
-_ENVELOPE_BYTES: Final = 2 * MAX_TOKEN_CHARS + 256
+# Room in a page for everything but its changes: the envelope, startedAt and a cursor or a checkpoint (a
+# page carries one of them, never both, and `sign_token` never makes one past MAX_TOKEN_CHARS).
+_ENVELOPE_BYTES: Final = MAX_TOKEN_CHARS + 256
+#: The smallest BUZZ_INCREMENTAL_RESPONSE_BYTES (buzz.settings checks it): a page's envelope, and room.
+MIN_RESPONSE_BYTES: Final = 2 * _ENVELOPE_BYTES
 
 _SALTS: Final = {
     "cursor": "buzz.artifacts.incremental.cursor.v1",
@@ -166,19 +169,17 @@ class Request:
 
 
 def looks_incremental(body: bytes) -> bool:
-    """Is this /query body an incremental filter? (Cheap: most bodies don't mention the word.)"""
-    if b"incremental" not in body:
+    """Is this /query body meant as an incremental read? Any filter of it (an array's, or a bare object) that
+    says "artifact": "incremental" makes it one, so a malformed incremental request is answered as one (400
+    incremental_invalid), not as an ordinary query. Cheap: most bodies spell neither the word nor an escape."""
+    if b"incremental" not in body and b"\\u" not in body:
         return False
     try:
         decoded = json.loads(body)
     except (ValueError, RecursionError):
         return False
-    return (
-        isinstance(decoded, list)
-        and len(decoded) == 1
-        and isinstance(decoded[0], dict)
-        and decoded[0].get("artifact") == "incremental"
-    )
+    filters = decoded if isinstance(decoded, list) else [decoded]
+    return any(isinstance(f, dict) and f.get("artifact") == "incremental" for f in filters)
 
 
 def query_digest(raw: dict[str, Any]) -> str:
@@ -239,7 +240,7 @@ def _parse_ids(value: Any) -> tuple[str, ...]:
         if not isinstance(v, str) or not v:
             raise invalid("artifactIds must be nonempty strings")
         size = _utf8_size(v)
-        if size is None or size > MAX_ID_BYTES or "\x00" in v:
+        if size is None or size > MAX_ID_BYTES:
             raise invalid(f"each artifactId is at most {MAX_ID_BYTES} UTF-8 bytes of text")
         if v in seen:
             raise invalid("artifactIds must be unique")
@@ -272,7 +273,10 @@ def reader_digest(actor: Actor) -> str:
 
 
 def sign_token(kind: str, payload: dict[str, Any]) -> str:
-    return signing.dumps(payload, key=_key(), salt=_SALTS[kind], compress=True)
+    token = signing.dumps(payload, key=_key(), salt=_SALTS[kind], compress=True)
+    if len(token) > MAX_TOKEN_CHARS:  # never: the payloads are a few short fields (and a page reserves this)
+        raise RuntimeError(f"a {kind} of {len(token)} characters, past MAX_TOKEN_CHARS")
+    return token
 
 
 _OPENED_MAX: Final = 1024

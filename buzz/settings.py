@@ -325,5 +325,6 @@ if BUZZ_INCREMENTAL["enabled"]:
         )
     if not 1 <= int(BUZZ_INCREMENTAL["page_rows"]) <= 1000:
         raise _config_error("BUZZ_INCREMENTAL_PAGE_ROWS must be from 1 to 1000")
-    if int(BUZZ_INCREMENTAL["response_bytes"]) < 1024:
-        raise _config_error("BUZZ_INCREMENTAL_RESPONSE_BYTES must be at least 1024")
+    if int(BUZZ_INCREMENTAL["response_bytes"]) < 4608:
+        # artifacts.incremental.MIN_RESPONSE_BYTES: a page reserves 2304 bytes for its envelope and cursor.
+        raise _config_error("BUZZ_INCREMENTAL_RESPONSE_BYTES must be at least 4608")

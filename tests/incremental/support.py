@@ -36,8 +36,9 @@ def env(**overrides: str) -> dict[str, str]:
 
 
 async def post(relay: RelayProcess, host: str, who: Signer | str, body: Any) -> tuple[int, Any]:
-    """A signed POST /query (NIP-98 for a Signer, a bearer token for a str): (status, decoded JSON)."""
-    data = json.dumps(body).encode()
+    """A signed POST /query (NIP-98 for a Signer, a bearer token for a str): (status, decoded JSON). A body of
+    bytes is sent as it is."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Host": host, "Content-Type": "application/json"}
     if isinstance(who, Signer):
         headers["Authorization"] = nip98(who, host, "POST", "/query", data)

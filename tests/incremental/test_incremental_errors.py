@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import uuid
 from typing import Any
 
@@ -19,9 +20,9 @@ from django.core import signing
 from buzz.chat import bans, channels
 from buzz.nostr import Signer
 from tests.incremental.support import SIGNING_KEY, current_ids, env, incremental, post
-from tests.support.factories import make_channel, make_community, make_token, revision
+from tests.support.factories import make_channel, make_community, make_token, nip98, revision
 from tests.support.relay import RelayProcess, relay_database_url
-from tests.support.wire import accept, logged_in
+from tests.support.wire import accept, logged_in, raw_request
 
 HOST = "incremental-errors.test"
 QUERY = {"artifact": "current", "#type": ["buzz.task"]}
@@ -94,6 +95,31 @@ async def test_invalid_requests_are_400_incremental_invalid(
     status, body = await post(relay, HOST, world.r, [filt])
     assert status == 400 and body["error"] == "incremental_invalid", body
     _no_progress(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps([{"artifact": "incremental", "query": QUERY}, {"artifact": "current"}]).encode(),  # two filters
+        json.dumps({"artifact": "incremental", "query": QUERY}).encode(),  # not in an array
+        b'[{"artifact": "\\u0069ncremental", "query": {"artifact": "current"}, "extra": 1}]',  # the word escaped
+    ],
+)
+async def test_a_malformed_incremental_body_is_answered_as_an_incremental_read(
+    world: World, relay_factory: Any, body: bytes
+) -> None:
+    relay = relay_factory(**env())
+    status, answer = await post(relay, HOST, world.r, body)
+    assert status == 400 and answer["error"] == "incremental_invalid", answer
+    _no_progress(answer)
+
+
+async def test_an_id_that_is_no_uuid_nul_included_is_answered_with_remove(world: World, relay_factory: Any) -> None:
+    relay = relay_factory(**env())
+    ids = ["a\x00b", "\x00" * 36, "not-a-uuid"]
+    status, body = await post(relay, HOST, world.r, current_ids(QUERY, ids))
+    assert status == 200, body
+    assert body["changes"] == [{"type": "remove", "artifactId": i} for i in ids]
 
 
 async def test_the_id_bounds_are_inclusive(world: World, relay_factory: Any) -> None:
@@ -228,6 +254,24 @@ async def test_pages_shrink_to_the_byte_bound_and_one_oversized_result_is_413(wo
     _no_progress(failed)
     status, ok = await post(relay, HOST, world.r, current_ids(QUERY, small[:2]))
     assert status == 200 and [c["type"] for c in ok["changes"]] == ["upsert", "upsert"]
+
+
+async def test_a_change_that_fits_the_bound_with_its_envelope_is_served(world: World, relay_factory: Any) -> None:
+    # The page keeps room for its envelope and one token (2304 bytes), no more: a change of about 6 KB fits
+    # a bound of 8,192 bytes, in a page no larger than the bound.
+    relay = relay_factory(**env(BUZZ_INCREMENTAL_RESPONSE_BYTES="8192"))
+    [d] = await _create(relay, world, 1, content='{"pad": "' + "x" * 5000 + '"}')
+    data = json.dumps(incremental(QUERY)).encode()
+    headers = {
+        "Host": HOST,
+        "Content-Type": "application/json",
+        "Authorization": nip98(world.r, HOST, "POST", "/query", data),
+    }
+    status, raw = await asyncio.to_thread(raw_request, relay, "POST", "/query", headers, data, 30)
+    assert status == 200, raw
+    assert len(raw) <= 8192
+    body = json.loads(raw)
+    assert [c["artifactId"] for c in body["changes"]] == [d] and body["checkpoint"]
 
 
 async def test_the_concurrency_limit_and_the_statement_budget_are_503(world: World, relay_factory: Any) -> None:

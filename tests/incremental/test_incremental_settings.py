@@ -58,3 +58,17 @@ def test_the_documented_key_command_makes_a_key_the_settings_accept() -> None:
     key = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     result = _settings({"BUZZ_ARTIFACT_INCREMENTAL_ENABLED": "1", "BUZZ_INCREMENTAL_SIGNING_KEY": key.stdout.strip()})
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+
+
+def test_the_response_bound_has_the_pages_reserve_as_its_floor() -> None:
+    from artifacts.incremental import MIN_RESPONSE_BYTES
+
+    assert MIN_RESPONSE_BYTES == 4608  # buzz.settings spells it (it can't import artifacts)
+    on = {"BUZZ_ARTIFACT_INCREMENTAL_ENABLED": "1", "BUZZ_INCREMENTAL_SIGNING_KEY": "s" * 40}
+    low = _settings({**on, "BUZZ_INCREMENTAL_RESPONSE_BYTES": str(MIN_RESPONSE_BYTES - 1)})
+    assert low.returncode != 0
+    assert low.stderr.startswith(
+        f"configuration error: BUZZ_INCREMENTAL_RESPONSE_BYTES must be at least {MIN_RESPONSE_BYTES}"
+    )
+    floor = _settings({**on, "BUZZ_INCREMENTAL_RESPONSE_BYTES": str(MIN_RESPONSE_BYTES)})
+    assert floor.returncode == 0 and floor.stdout.strip() == "True", floor.stderr
