@@ -621,15 +621,17 @@ async def reject_kind5(actor: Actor, event: Event) -> WriteResult:
 def nip11_section(community: CommunityInfo) -> dict[str, Any]:
     """NIP-11 `artifacts`: the envelope version, every limit the write path and the views enforce, and sync
     (with `max_events`) when this relay runs it. A relay advertises only what every backend serving the
-    connection runs: BUZZ_SYNC_ENABLED says so for the deployment."""
+    connection runs: BUZZ_SYNC_ENABLED says so for the deployment, for sync and for the head view (the spec
+    advertises the two together)."""
+    sync = bool(settings.BUZZ_SYNC["enabled"])
     section: dict[str, Any] = {
         "version": 1,
         "envelope": ENVELOPE_VERSION,
-        "modes": list(MODES),
+        "modes": [mode for mode in MODES if sync or mode != "head"],
         "limits": {**DEFAULT_LIMITS.nip11(), **QUERY_LIMITS.nip11()},
         "query_budget_ms": settings.BUZZ_QUERY_BUDGET_MS,
     }
-    if settings.BUZZ_SYNC["enabled"]:
+    if sync:
         section["sync"] = {"version": 1, "max_events": settings.BUZZ_SYNC["max_events"]}
     if incremental.enabled():
         section["incremental"] = incremental.nip11()

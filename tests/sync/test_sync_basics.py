@@ -176,6 +176,25 @@ async def test_nip11_advertises_sync(world: World, relay_factory: Any) -> None:
     off = relay_factory(**RELAY_ENV, BUZZ_SYNC_ENABLED="0")
     status, doc = await _nip11(off)
     assert "sync" not in doc["artifacts"] and "websocket_query_extensions" not in doc
+    # The spec advertises sync and head together, only when every backend runs them.
+    assert doc["artifacts"]["modes"] == ["current", "history"]
+
+
+async def test_a_visibility_change_of_a_named_channel_resyncs_on_every_node(world: World, relay_factory: Any) -> None:
+    # Rule 9: the channel's visibility is an access change, even when this reader could still read it.
+    a, b = relay_factory(**RELAY_ENV), relay_factory(**RELAY_ENV)
+    flt = {"artifact": "current", "#h": [str(world.a), str(world.b)]}
+    async with RelayClient.connect(a.ws_url, host=HOST) as ra, RelayClient.connect(b.ws_url, host=HOST) as rb:
+        assert (await ra.auth(world.reader))[2] is True
+        assert (await rb.auth(world.reader))[2] is True
+        sa, sb = await open_sync(ra, "s", flt), await open_sync(rb, "s", flt)
+        assert sa.eose and sb.eose
+        await sync_to_async(channels.channel_edit)(
+            community=world.community, channel_uuid=world.b, actor=None, changes={"visibility": "open"}
+        )
+        for client, state in ((ra, sa), (rb, sb)):
+            await follow(client, "s", state, lambda s: False)
+            assert state.closed is not None and state.closed.startswith("resync:"), state.closed
 
 
 async def _nip11(relay: Any) -> tuple[int, Any]:
