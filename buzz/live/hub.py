@@ -367,7 +367,7 @@ class _Link:
         needed: list[bytes] = []
         waits: list[asyncio.Future[bool]] = []
         for name in sub.topics:
-            wire = self._hub._wire(name)
+            wire = self._hub.wire(name)
             topic = self._topics.get(wire)
             if topic is None:
                 topic = self._topics[wire] = _Topic(name)
@@ -391,7 +391,7 @@ class _Link:
         gone: list[bytes] = []
         waits: list[asyncio.Future[bool]] = []
         for name in sub.topics:
-            wire = self._hub._wire(name)
+            wire = self._hub.wire(name)
             topic = self._topics.get(wire)
             if topic is None or sub not in topic.subs:
                 continue
@@ -574,7 +574,8 @@ class Hub:
         """The Redis channel name of `topic`."""
         return self._prefix + topic
 
-    def _wire(self, topic: str) -> bytes:
+    def wire(self, topic: str) -> bytes:
+        """The Redis channel name of `topic` as bytes, as `publish_encoded` takes it."""
         return (self._prefix + topic).encode("utf-8")
 
     async def start(self) -> None:
@@ -644,7 +645,7 @@ class Hub:
 
         Raises on any failure; then some of them may have been published already.
         """
-        return await self.publish_encoded([(self._wire(topic), encode_message(message)) for topic, message in items])
+        return await self.publish_encoded([(self.wire(topic), encode_message(message)) for topic, message in items])
 
     async def publish_encoded(self, items: Sequence[tuple[bytes, bytes]]) -> list[int]:
         """`publish_many` of (wire topic, payload) pairs already encoded (`wire`, `encode_message`), on the
@@ -664,10 +665,6 @@ class Hub:
                 await conn.disconnect(nowait=True)
                 raise
         return [int(n) for n in replies]
-
-    def wire(self, topic: str) -> bytes:
-        """The Redis channel name of `topic`, as `publish_encoded` takes it."""
-        return self._wire(topic)
 
     async def aclose(self) -> None:
         """Close the hub: every live subscription gets on_loss(CLOSED). Idempotent."""
