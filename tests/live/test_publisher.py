@@ -86,6 +86,16 @@ async def flaky_hub(failures: int | None) -> AsyncIterator[FlakyHub]:
         await hub.aclose()
 
 
+@contextlib.asynccontextmanager
+async def refusing_publisher() -> AsyncIterator[tuple[FlakyHub, Recorder, Publisher]]:
+    """A publisher on a hub whose publishing fails until the test sets failures_left = 0, and a recorder
+    subscribed to topic "t"."""
+    async with flaky_hub(failures=None) as hub:
+        rec = Recorder()
+        await hub.subscribe(["t"], rec)
+        yield hub, rec, Publisher(hub, retry_base=0.01, retry_cap=0.05)
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -117,10 +127,7 @@ async def test_failed_publishes_are_retried_until_all_arrive_in_order_per_topic(
 
 @pytest.mark.asyncio
 async def test_flush_times_out_while_redis_refuses_and_succeeds_once_it_recovers() -> None:
-    async with flaky_hub(failures=None) as hub:
-        rec = Recorder()
-        await hub.subscribe(["t"], rec)
-        publisher = Publisher(hub, retry_base=0.01, retry_cap=0.05)
+    async with refusing_publisher() as (hub, rec, publisher):
         publisher.publish_soon("t", {"d": "x"})
         assert not await publisher.flush(0.3)
         assert publisher.pending == 1 and hub.calls >= 2
@@ -132,10 +139,7 @@ async def test_flush_times_out_while_redis_refuses_and_succeeds_once_it_recovers
 
 @pytest.mark.asyncio
 async def test_publish_confirmed_waits_for_its_own_message() -> None:
-    async with flaky_hub(failures=None) as hub:
-        rec = Recorder()
-        await hub.subscribe(["t"], rec)
-        publisher = Publisher(hub, retry_base=0.01, retry_cap=0.05)
+    async with refusing_publisher() as (hub, rec, publisher):
         assert not await publisher.publish_confirmed("t", {"n": 1}, timeout=0.2)
         assert publisher.pending == 1  # still queued, still retried
         hub.failures_left = 0
@@ -146,10 +150,7 @@ async def test_publish_confirmed_waits_for_its_own_message() -> None:
 
 @pytest.mark.asyncio
 async def test_a_cancelled_confirmed_publish_is_still_published() -> None:
-    async with flaky_hub(failures=None) as hub:
-        rec = Recorder()
-        await hub.subscribe(["t"], rec)
-        publisher = Publisher(hub, retry_base=0.01, retry_cap=0.05)
+    async with refusing_publisher() as (hub, rec, publisher):
         waiting = asyncio.ensure_future(publisher.publish_confirmed("t", {"n": 1}, timeout=30.0))
         await eventually(lambda: hub.calls >= 2)
         waiting.cancel()
