@@ -187,3 +187,41 @@ async def test_a_failed_access_check_resyncs(world: World, relay_factory: Any) -
             await write(w, revision(world.owner, d, world.b, "move", prev=created["id"]))
             await follow(r, "s", state, lambda s: False)
             assert _resync(state), state.closed
+
+
+async def test_a_failed_head_read_resyncs(world: World, relay_factory: Any) -> None:
+    # Rule 5: after EOSE a change makes the relay read the head from the writer; a read that fails ends the
+    # sync with resync, never in silence. The relay's role loses SELECT on the revisions (the head's text).
+    writer_relay = relay_factory(**RELAY_ENV)
+    with limited_role() as (url, role):
+        relay = relay_factory(**RELAY_ENV, DATABASE_URL=url)
+        async with (
+            RelayClient.connect(writer_relay.ws_url, host=HOST) as w,
+            RelayClient.connect(relay.ws_url, host=HOST) as r,
+        ):
+            assert (await w.auth(world.owner))[2] is True
+            assert (await r.auth(world.reader))[2] is True
+            state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+            assert state.eose
+            with psycopg.connect(relay_database_url(), autocommit=True) as admin:
+                admin.execute(sql.SQL("REVOKE SELECT ON artifacts_revision FROM {}").format(sql.Identifier(role)))
+            await write(w, revision(world.owner, uuid.uuid4(), world.a, "create"))
+            await follow(r, "s", state, lambda s: False)
+            assert state.closed is not None and state.closed.startswith("resync: a change could not be read")
+
+
+async def test_a_failed_initial_read_is_closed_with_error_and_no_eose(world: World, relay_factory: Any) -> None:
+    # Rule 2: a read failure gives CLOSED "error: ..." and no EOSE (and no set read on another snapshot).
+    writer_relay = relay_factory(**RELAY_ENV)
+    with limited_role() as (url, role):
+        relay = relay_factory(**RELAY_ENV, DATABASE_URL=url)
+        async with RelayClient.connect(writer_relay.ws_url, host=HOST) as w:
+            assert (await w.auth(world.owner))[2] is True
+            await write(w, revision(world.owner, uuid.uuid4(), world.a, "create"))
+        with psycopg.connect(relay_database_url(), autocommit=True) as admin:
+            admin.execute(sql.SQL("REVOKE SELECT ON artifacts_revision FROM {}").format(sql.Identifier(role)))
+        async with RelayClient.connect(relay.ws_url, host=HOST) as r:
+            assert (await r.auth(world.reader))[2] is True
+            state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+            assert not state.eose and state.heads == {}
+            assert state.closed is not None and state.closed.startswith("error: the initial read failed"), state.closed
