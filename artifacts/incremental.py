@@ -65,7 +65,7 @@ from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
 from buzz.identity.httpauth import BEARER_REFUSED, AuthFailure
 from buzz.identity.tokens import BEARER_LOOKUP, bearer_actor, bearer_lookup
-from buzz.runtime import runtime
+from buzz.runtime import pipeline, runtime
 
 VERSION: Final = 1
 OVERLAP_SECONDS: Final = 120
@@ -571,7 +571,7 @@ async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = Fal
     async with pool.connection() as conn:
         community_id = int(community.id)
         try:
-            async with conn.pipeline():
+            async with pipeline(conn):
                 head, token = await _begin(conn, deadline, community_id, params)
                 scoped = None
                 if wide and known is not None:
@@ -602,7 +602,7 @@ async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = Fal
 
 async def finish(snap: Snapshot, sql: str, args: list[Any]) -> list[Any]:
     """The transaction's last statement and its COMMIT, in one round trip (a pipeline)."""
-    async with snap.conn.pipeline():
+    async with pipeline(snap.conn):
         cursor = await snap.conn.execute(sql, args)  # type: ignore[arg-type]
         await snap.conn.execute("COMMIT")
     snap.finished = True
@@ -854,7 +854,7 @@ async def _continue_in_one_trip(
     async with pool.connection() as conn:
         community_id = int(community.id)
         try:
-            async with conn.pipeline():
+            async with pipeline(conn):
                 head, token = await _begin(conn, deadline, community_id, params)
                 scoped = await conn.execute(*wide_scope_statement(known))
                 page = await conn.execute(sql, args)  # type: ignore[arg-type]

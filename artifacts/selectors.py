@@ -24,7 +24,7 @@ from psycopg import AsyncConnection
 from artifacts.query import ArtifactQuery, QueryError
 from buzz.access.policy import NOT_A_MEMBER, Denied, reader_scope
 from buzz.identity.actor import Actor
-from buzz.runtime import runtime
+from buzz.runtime import pipeline, runtime
 
 BUDGET_EXCEEDED: Final = "error: the query exceeded its execution budget; narrow it and try again"
 
@@ -153,7 +153,7 @@ async def _read(actor: Actor, query: ArtifactQuery, statement: Statement, deadli
     try:
         async with pool.connection() as conn:
             try:
-                async with conn.pipeline():
+                async with pipeline(conn):
                     await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     # Custom plans: a generic plan for these array predicates ignores how selective each
                     # value is, and measured 5-27x slower than one hand-written statement

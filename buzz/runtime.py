@@ -8,12 +8,15 @@ runs every call of a process on one thread (DESIGN.md, measured facts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+import psycopg
 from django.conf import settings
 from psycopg import AsyncConnection, OperationalError
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
@@ -52,6 +55,30 @@ async def check_pooled(conn: AsyncConnection[Any]) -> None:
         raise OperationalError("the connection is closed")
     if socket_has_input(conn.pgconn.socket):
         await AsyncConnectionPool.check_connection(conn)
+
+
+@contextlib.asynccontextmanager
+async def pipeline(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """`conn.pipeline()`, except that a connection whose pipeline failed is closed (its pool replaces it).
+
+    psycopg 3.3 records a statement as prepared when it sends the statement's first PREPARE, before the
+    server has run it. In a pipeline that an earlier statement's error aborts, the server skips that
+    PREPARE, and every later execution of the statement on that connection fails with "prepared statement
+    ... does not exist", for as long as the connection lives. (psycopg forgets its prepared statements on
+    a ROLLBACK, but only on the first since it last did: tests/chat/test_pipeline_failure.py.) So the
+    connection is closed when the server failed a statement of the pipeline (a database error, or a
+    transaction left in error) or when the pipeline was interrupted (a cancel). Those are rare (a statement
+    budget, a lost backend, a refused privilege), and a new connection is cheap beside a poisoned one. An
+    error of the caller's own (a refusal decided between statements) leaves the connection as it is.
+    """
+    try:
+        async with conn.pipeline():
+            yield
+    except BaseException as exc:
+        failed = isinstance(exc, psycopg.Error) or not isinstance(exc, Exception)
+        if failed or conn.info.transaction_status in (TransactionStatus.INERROR, TransactionStatus.UNKNOWN):
+            await conn.close()
+        raise
 
 
 # The write pool's sessions plan every statement once, generically (WRITE_SESSION_OPTIONS). Its statements

@@ -21,12 +21,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from buzz.dev.devservices import die_with_parent, free_port
 from buzz.dev.serve import ws_implementation, ws_max_size
@@ -51,6 +54,35 @@ def relay_database_url() -> str:
     from django.db import connection
 
     return with_database_name(os.environ["DATABASE_URL"], str(connection.settings_dict["NAME"]))
+
+
+@contextlib.contextmanager
+def limited_role() -> Iterator[tuple[str, str]]:
+    """A database role with the relay's privileges (not a superuser); yields (database URL, role name). A test
+    injects a database failure by revoking one of them."""
+    role = f"relay_probe_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    db_url = relay_database_url()
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+        admin.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(
+                sql.Identifier(role)
+            )
+        )
+        admin.execute(
+            sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {}").format(sql.Identifier(role))
+        )
+    parts = db_url.split("://", 1)
+    rest = parts[1].split("@", 1)[-1]
+    url = f"{parts[0]}://{role}@{rest}"
+    try:
+        yield url, role
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 class RelayProcess:

@@ -13,10 +13,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -28,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from buzz.live.hub import topic_for_channel
 from tests.live.live_world import table_locked, wait_for_lock_waiters
 from tests.live.test_hub_loss import the_hub_connection
-from tests.support.relay import relay_database_url
+from tests.support.relay import limited_role, relay_database_url
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, own_redis, revision, write
 
@@ -135,34 +133,6 @@ async def test_a_slow_client_gets_a_resync_or_is_disconnected(world: World, rela
         except ConnectionClosed:
             told = True  # the relay closed the connection: the client must start a new sync (rule 7)
         assert told
-
-
-@contextlib.contextmanager
-def limited_role() -> Iterator[tuple[str, str]]:
-    """A database role with the relay's privileges (not a superuser); yields (database URL, role name)."""
-    role = f"sync_probe_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    db_url = relay_database_url()
-    with psycopg.connect(db_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
-        admin.execute(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(
-                sql.Identifier(role)
-            )
-        )
-        admin.execute(
-            sql.SQL("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {}").format(sql.Identifier(role))
-        )
-    parts = db_url.split("://", 1)
-    rest = parts[1].split("@", 1)[-1]
-    url = f"{parts[0]}://{role}@{rest}"
-    try:
-        yield url, role
-    finally:
-        with psycopg.connect(db_url, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
-            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 async def test_a_failed_access_check_resyncs(world: World, relay_factory: Any) -> None:
