@@ -693,19 +693,8 @@ class Hub:
             raise HubUnavailable("hub is closed")
         conn = self._publish_conn
         if conn is None or not conn.is_connected:
-            kwargs = dict(self._pool.connection_kwargs)
-            for key in _RESP3_ONLY_KWARGS:
-                kwargs.pop(key, None)
-            kwargs.update(
-                client_name=self.publish_client_name,
-                protocol=2,
-                decode_responses=False,
-                health_check_interval=0,
-                retry=Retry(NoBackoff(), 0),  # the Publisher retries, with its own backoff
-                socket_connect_timeout=self._connect_timeout,
-                socket_timeout=self._connect_timeout,
-            )
-            conn = self._pool.connection_class(**kwargs)
+            # The Publisher retries, with its own backoff; a read waits at most connect_timeout.
+            conn = self._connection(self.publish_client_name, socket_timeout=self._connect_timeout)
             try:
                 await conn.connect()
             except BaseException:
@@ -741,20 +730,23 @@ class Hub:
                 raise RedisConnectionError("hub pub/sub connections are never reconnected in place")
             await conn.on_connect()
 
+        # No socket timeout: the handshake is bounded by connect_timeout, reads block on purpose and the
+        # pinger bounds a stuck write.
+        return self._connection(self.client_name, socket_timeout=None, redis_connect_func=handshake_once)
+
+    def _connection(self, client_name: str, **overrides: Any) -> AbstractConnection:
+        """A new, unconnected connection of the hub's own (pub/sub or publish), from the URL's settings."""
         kwargs = dict(self._pool.connection_kwargs)
         for key in _RESP3_ONLY_KWARGS:  # present if the URL itself asked for protocol=3
             kwargs.pop(key, None)
         kwargs.update(
-            client_name=self.client_name,
+            client_name=client_name,
             protocol=2,  # pub/sub replies as tagged arrays, no RESP3 push handling
             decode_responses=False,
             health_check_interval=0,  # the hub pings itself; redis-py's check would eat replies
-            retry=Retry(NoBackoff(), 0),
+            retry=Retry(NoBackoff(), 0),  # nothing retries inside redis-py: the hub and the Publisher do
             socket_connect_timeout=self._connect_timeout,
-            # No socket timeout: the handshake is bounded by connect_timeout, reads block
-            # on purpose and the pinger bounds a stuck write.
-            socket_timeout=None,
-            redis_connect_func=handshake_once,
+            **overrides,
         )
         conn: AbstractConnection = self._pool.connection_class(**kwargs)
         return conn
