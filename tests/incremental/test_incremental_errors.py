@@ -16,13 +16,12 @@ import psycopg
 import pytest
 from asgiref.sync import sync_to_async
 from django.core import signing
-from psycopg import sql
 
 from buzz.chat import bans, channels
 from buzz.nostr import Signer
 from tests.incremental.support import SIGNING_KEY, current_ids, env, incremental, post
 from tests.support.factories import make_channel, make_community, make_token, nip98, revision
-from tests.support.relay import RelayProcess, limited_role, relay_database_url
+from tests.support.relay import RelayProcess, limited_role, relay_database_url, set_select
 from tests.support.wire import accept, logged_in, raw_request
 
 HOST = "incremental-errors.test"
@@ -302,14 +301,12 @@ async def test_a_database_failure_is_503_and_advances_nothing(world: World, rela
         assert status == 200 and len(body["changes"]) == 2, body
         checkpoint = body["checkpoint"]
         # The relay's role loses SELECT on the revisions (the heads' text): every page read fails.
-        with psycopg.connect(relay_database_url(), autocommit=True) as admin:
-            admin.execute(sql.SQL("REVOKE SELECT ON artifacts_revision FROM {}").format(sql.Identifier(role)))
+        set_select(role, "artifacts_revision", allowed=False)
         for request in (incremental(QUERY), incremental(QUERY, checkpoint=checkpoint)):
             status, failed = await post(relay, HOST, world.r, request)
             assert status == 503 and (failed["error"], failed["reason"]) == ("incremental_unavailable", "database")
             _no_progress(failed)
-        with psycopg.connect(relay_database_url(), autocommit=True) as admin:
-            admin.execute(sql.SQL("GRANT SELECT ON artifacts_revision TO {}").format(sql.Identifier(role)))
+        set_select(role, "artifacts_revision", allowed=True)
         status, body = await post(relay, HOST, world.r, incremental(QUERY, checkpoint=checkpoint))
         assert status == 200 and body["checkpoint"], body  # the old checkpoint still works: nothing advanced
 

@@ -85,6 +85,13 @@ def limited_role() -> Iterator[tuple[str, str]]:
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def set_select(role: str, table: str, *, allowed: bool) -> None:
+    """GRANT or REVOKE the SELECT of `table` for a `limited_role` role: a database failure, on demand."""
+    command = "GRANT SELECT ON {} TO {}" if allowed else "REVOKE SELECT ON {} FROM {}"
+    with psycopg.connect(relay_database_url(), autocommit=True) as admin:
+        admin.execute(sql.SQL(command).format(sql.Identifier(table), sql.Identifier(role)))
+
+
 class RelayProcess:
     """One `uvicorn buzz.asgi:application` subprocess. Use as a context manager or start()/stop()."""
 

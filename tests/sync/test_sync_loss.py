@@ -13,20 +13,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 import redis
-from psycopg import sql
 from websockets.exceptions import ConnectionClosed
 
 from buzz.live.hub import topic_for_channel
 from tests.live.live_world import table_locked, wait_for_lock_waiters
 from tests.live.test_hub_loss import the_hub_connection
-from tests.support.relay import limited_role, relay_database_url
+from tests.support.relay import limited_role, set_select
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, own_redis, revision, write
 
@@ -135,7 +135,10 @@ async def test_a_slow_client_gets_a_resync_or_is_disconnected(world: World, rela
         assert told
 
 
-async def test_a_failed_access_check_resyncs(world: World, relay_factory: Any) -> None:
+@contextlib.asynccontextmanager
+async def writer_and_limited_reader(world: World, relay_factory: Any) -> AsyncIterator[tuple[Any, Any, str]]:
+    """The owner logged in on a relay, the reader on another whose database role a test can take privileges
+    from (`set_select`): (writer client, reader client, that role)."""
     writer_relay = relay_factory(**RELAY_ENV)
     with limited_role() as (url, role):
         relay = relay_factory(**RELAY_ENV, DATABASE_URL=url)
@@ -145,39 +148,34 @@ async def test_a_failed_access_check_resyncs(world: World, relay_factory: Any) -
         ):
             assert (await w.auth(world.owner))[2] is True
             assert (await r.auth(world.reader))[2] is True
-            d = uuid.uuid4()
-            created = revision(world.owner, d, world.a, "create")
-            await write(w, created)
-            state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
-            assert state.eose and str(d) in state.heads
-            with psycopg.connect(relay_database_url(), autocommit=True) as admin:
-                admin.execute(sql.SQL("REVOKE SELECT ON buzz_membership FROM {}").format(sql.Identifier(role)))
-            # The artifact moves to b, which the reader can read but the sync doesn't name: deciding between
-            # its head and the source's removal needs the reader's access to b, and that check now fails.
-            await write(w, revision(world.owner, d, world.b, "move", prev=created["id"]))
-            await follow(r, "s", state, lambda s: False)
-            assert _resync(state), state.closed
+            yield w, r, role
+
+
+async def test_a_failed_access_check_resyncs(world: World, relay_factory: Any) -> None:
+    async with writer_and_limited_reader(world, relay_factory) as (w, r, role):
+        d = uuid.uuid4()
+        created = revision(world.owner, d, world.a, "create")
+        await write(w, created)
+        state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+        assert state.eose and str(d) in state.heads
+        set_select(role, "buzz_membership", allowed=False)
+        # The artifact moves to b, which the reader can read but the sync doesn't name: deciding between
+        # its head and the source's removal needs the reader's access to b, and that check now fails.
+        await write(w, revision(world.owner, d, world.b, "move", prev=created["id"]))
+        await follow(r, "s", state, lambda s: False)
+        assert _resync(state), state.closed
 
 
 async def test_a_failed_head_read_resyncs(world: World, relay_factory: Any) -> None:
     # Rule 5: after EOSE a change makes the relay read the head from the writer; a read that fails ends the
     # sync with resync, never in silence. The relay's role loses SELECT on the revisions (the head's text).
-    writer_relay = relay_factory(**RELAY_ENV)
-    with limited_role() as (url, role):
-        relay = relay_factory(**RELAY_ENV, DATABASE_URL=url)
-        async with (
-            RelayClient.connect(writer_relay.ws_url, host=HOST) as w,
-            RelayClient.connect(relay.ws_url, host=HOST) as r,
-        ):
-            assert (await w.auth(world.owner))[2] is True
-            assert (await r.auth(world.reader))[2] is True
-            state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
-            assert state.eose
-            with psycopg.connect(relay_database_url(), autocommit=True) as admin:
-                admin.execute(sql.SQL("REVOKE SELECT ON artifacts_revision FROM {}").format(sql.Identifier(role)))
-            await write(w, revision(world.owner, uuid.uuid4(), world.a, "create"))
-            await follow(r, "s", state, lambda s: False)
-            assert state.closed is not None and state.closed.startswith("resync: a change could not be read")
+    async with writer_and_limited_reader(world, relay_factory) as (w, r, role):
+        state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
+        assert state.eose
+        set_select(role, "artifacts_revision", allowed=False)
+        await write(w, revision(world.owner, uuid.uuid4(), world.a, "create"))
+        await follow(r, "s", state, lambda s: False)
+        assert state.closed is not None and state.closed.startswith("resync: a change could not be read")
 
 
 async def test_a_failed_initial_read_is_closed_with_error_and_no_eose(world: World, relay_factory: Any) -> None:
@@ -188,8 +186,7 @@ async def test_a_failed_initial_read_is_closed_with_error_and_no_eose(world: Wor
         async with RelayClient.connect(writer_relay.ws_url, host=HOST) as w:
             assert (await w.auth(world.owner))[2] is True
             await write(w, revision(world.owner, uuid.uuid4(), world.a, "create"))
-        with psycopg.connect(relay_database_url(), autocommit=True) as admin:
-            admin.execute(sql.SQL("REVOKE SELECT ON artifacts_revision FROM {}").format(sql.Identifier(role)))
+        set_select(role, "artifacts_revision", allowed=False)
         async with RelayClient.connect(relay.ws_url, host=HOST) as r:
             assert (await r.auth(world.reader))[2] is True
             state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
