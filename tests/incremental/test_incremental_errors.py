@@ -292,6 +292,41 @@ async def test_the_concurrency_limit_and_the_statement_budget_are_503(world: Wor
     assert status == 200, body
 
 
+def _waiting_on_artifacts(lock: psycopg.Connection[Any]) -> int:
+    """Backends other than `lock`'s waiting for a lock on the artifact table."""
+    row = lock.execute(
+        "SELECT count(*) FROM pg_locks WHERE relation = 'artifacts_artifact'::regclass AND NOT granted"
+        " AND pid <> pg_backend_pid()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_continuation_past_its_statement_budget_is_503_and_cancelled_on_the_server(
+    world: World, relay_factory: Any
+) -> None:
+    # A continuation of a reader the relay knows is read in one round trip
+    # (artifacts.incremental._continue_in_one_trip) under the same 2 s statement budget: past it, 503
+    # statement_budget, its statement is cancelled on the server, and the same cursor reads the page once
+    # the table is free.
+    relay = relay_factory(**env(BUZZ_INCREMENTAL_PAGE_ROWS="1"))
+    ds = await _create(relay, world, 2)
+    status, first = await post(relay, HOST, world.r, incremental(QUERY))
+    assert status == 200 and first["nextCursor"], first
+    more = incremental(QUERY, cursor=first["nextCursor"])
+    with psycopg.connect(relay_database_url(), autocommit=False) as lock:
+        lock.execute("LOCK TABLE artifacts_artifact IN ACCESS EXCLUSIVE MODE")
+        status, failed = await post(relay, HOST, world.r, more)
+        waiting = _waiting_on_artifacts(lock)
+        lock.rollback()
+    assert status == 503 and failed["reason"] == "statement_budget", failed
+    _no_progress(failed)
+    assert waiting == 0, "the timed-out statement still waits on the server"
+    status, rest = await post(relay, HOST, world.r, more)
+    assert status == 200, rest
+    assert [c["artifactId"] for c in first["changes"] + rest["changes"]] == ds
+
+
 async def test_a_database_failure_is_503_and_advances_nothing(world: World, relay_factory: Any) -> None:
     writer = relay_factory(**env())
     await _create(writer, world, 2)
