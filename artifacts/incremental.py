@@ -38,9 +38,9 @@ import hashlib
 import json
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -438,42 +438,70 @@ async def advance_policy_stamp_async(conn: AsyncConnection[Any], community_id: i
 # --- reading ----------------------------------------------------------------------------------
 
 _active = 0
+_T = TypeVar("_T")
 
 
-@contextlib.asynccontextmanager
-async def _slot() -> AsyncIterator[None]:
-    """One of MAX_CONCURRENT operations of this process; past them, 503 at once (nothing queues)."""
+async def within_operation(deadline: float, work: Callable[[], Awaitable[_T]]) -> _T:
+    """`work()` in one of MAX_CONCURRENT operation slots of this process (past them, 503 at once: nothing
+    queues), answered by `deadline` (loop time, the operation budget), with the answers for every failure.
+
+    The work runs as a task of its own that holds the slot until it has ended. At the deadline it is
+    cancelled and the answer is 503 operation_budget at once: psycopg waits up to ten more seconds for a
+    database that stopped answering to take a cancel, and the client should not wait with it."""
     global _active
     if _active >= MAX_CONCURRENT:
         raise unavailable(f"at most {MAX_CONCURRENT} incremental reads run at once here; retry", "concurrency")
     _active += 1
+    task = asyncio.ensure_future(_answered(work))
+    task.add_done_callback(_ended)
     try:
-        yield
-    finally:
-        _active -= 1
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+    except asyncio.CancelledError:
+        task.cancel()  # the client went away: so does the read
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise unavailable(f"the read exceeded its {OPERATION_BUDGET_SECONDS:g} s budget; retry", "operation_budget")
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    global _active
+    _active -= 1
+    if not task.cancelled():
+        task.exception()  # retrieved: a read cancelled at its deadline may still end in an error
+
+
+async def _answered(work: Callable[[], Awaitable[_T]]) -> _T:
+    try:
+        return await work()
+    except TimeoutError:
+        raise unavailable("the database is busy; retry", "database") from None
+    except psycopg.errors.QueryCanceled:
+        raise _statement_overrun() from None
+    except (psycopg_pool.PoolTimeout, psycopg.Error):
+        raise unavailable("the database is unavailable; retry", "database") from None
 
 
 @contextlib.asynccontextmanager
-async def operation(deadline: float) -> AsyncIterator[None]:
-    """A slot, the operation budget up to `deadline` (loop time), and the answers for every failure."""
-    async with _slot():
-        budget = asyncio.timeout_at(deadline)
-        try:
-            async with budget:
-                yield
-        except TimeoutError:
-            if not budget.expired():
-                raise unavailable("the database is busy; retry", "database") from None
-            raise unavailable(
-                f"the read exceeded its {OPERATION_BUDGET_SECONDS:g} s budget; retry", "operation_budget"
-            ) from None
-        except psycopg.errors.QueryCanceled:
-            raise unavailable(
-                f"a statement exceeded its {STATEMENT_BUDGET_MS} ms budget; retry or narrow the query",
-                "statement_budget",
-            ) from None
-        except (psycopg_pool.PoolTimeout, psycopg.Error):
-            raise unavailable("the database is unavailable; retry", "database") from None
+async def statement(deadline: float) -> AsyncIterator[None]:
+    """The statement budget for work outside the read's own transaction (NIP-98 authentication: its replay
+    guard and its admission lookup): past it, 503 statement_budget. The relay's timer cancels the lookup,
+    and psycopg cancels a cancelled statement on the server."""
+    budget = asyncio.timeout(_statement_ms(deadline) / 1000)
+    try:
+        async with budget:
+            yield
+    except TimeoutError:
+        if not budget.expired():
+            raise
+        raise _statement_overrun() from None
+
+
+def _statement_overrun() -> IncrementalError:
+    return unavailable(
+        f"a statement exceeded its {STATEMENT_BUDGET_MS} ms budget; retry or narrow the query", "statement_budget"
+    )
 
 
 def _statement_ms(deadline: float) -> int:

@@ -140,26 +140,31 @@ async def _incremental(request: HttpRequest) -> HttpResponse:
             )
         )
     deadline = asyncio.get_running_loop().time() + incremental.OPERATION_BUDGET_SECONDS
-    try:
-        async with incremental.operation(deadline):
-            body = request.body
-            community = community_of(request)
-            try:
-                parsed = incremental.parse_request(json.loads(body))
-            except incremental.IncrementalError:
+
+    async def work() -> str:
+        body = request.body
+        community = community_of(request)
+        try:
+            parsed = incremental.parse_request(json.loads(body))
+        except incremental.IncrementalError:
+            async with incremental.statement(deadline):
                 await authenticate(request, community, body)  # a credential's refusal comes first
-                raise
-            header = bearer_header(request)
-            # A bearer token is checked in the read's own first round trip; NIP-98 before it (its replay guard).
-            who: Actor | incremental.Bearer = (
-                incremental.Bearer(community, header)
-                if header is not None
-                else await authenticate(request, community, body)
-            )
-            if parsed.ids is not None:
-                text = await incremental.read_current(who, parsed, deadline)
-            else:
-                text = await incremental.read_page(who, parsed, deadline)
+            raise
+        header = bearer_header(request)
+        # A bearer token is checked in the read's own first round trip; NIP-98 before it (its replay guard),
+        # within a statement budget of its own.
+        who: Actor | incremental.Bearer
+        if header is not None:
+            who = incremental.Bearer(community, header)
+        else:
+            async with incremental.statement(deadline):
+                who = await authenticate(request, community, body)
+        if parsed.ids is not None:
+            return await incremental.read_current(who, parsed, deadline)
+        return await incremental.read_page(who, parsed, deadline)
+
+    try:
+        text = await incremental.within_operation(deadline, work)
     except incremental.IncrementalError as err:
         return _incremental_failure(err)
     except Refused as err:

@@ -21,6 +21,7 @@ from buzz.chat import bans, channels
 from buzz.nostr import Signer
 from tests.incremental.support import SIGNING_KEY, current_ids, env, incremental, post
 from tests.support.factories import make_channel, make_community, make_token, nip98, revision
+from tests.support.proxy import StallableProxy
 from tests.support.relay import RelayProcess, limited_role, relay_database_url, set_select
 from tests.support.wire import accept, logged_in, raw_request
 
@@ -292,11 +293,11 @@ async def test_the_concurrency_limit_and_the_statement_budget_are_503(world: Wor
     assert status == 200, body
 
 
-def _waiting_on_artifacts(lock: psycopg.Connection[Any]) -> int:
-    """Backends other than `lock`'s waiting for a lock on the artifact table."""
+def _waiting_on(lock: psycopg.Connection[Any], table: str) -> int:
+    """Backends other than `lock`'s waiting for a lock on `table`."""
     row = lock.execute(
-        "SELECT count(*) FROM pg_locks WHERE relation = 'artifacts_artifact'::regclass AND NOT granted"
-        " AND pid <> pg_backend_pid()"
+        "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted AND pid <> pg_backend_pid()",
+        (table,),
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -317,7 +318,7 @@ async def test_a_continuation_past_its_statement_budget_is_503_and_cancelled_on_
     with psycopg.connect(relay_database_url(), autocommit=False) as lock:
         lock.execute("LOCK TABLE artifacts_artifact IN ACCESS EXCLUSIVE MODE")
         status, failed = await post(relay, HOST, world.r, more)
-        waiting = _waiting_on_artifacts(lock)
+        waiting = _waiting_on(lock, "artifacts_artifact")
         lock.rollback()
     assert status == 503 and failed["reason"] == "statement_budget", failed
     _no_progress(failed)
@@ -346,12 +347,39 @@ async def test_a_database_failure_is_503_and_advances_nothing(world: World, rela
         assert status == 200 and body["checkpoint"], body  # the old checkpoint still works: nothing advanced
 
 
-async def test_the_operation_budget_is_503(world: World, relay_factory: Any) -> None:
+async def test_nip98_authentication_past_its_statement_budget_is_503(world: World, relay_factory: Any) -> None:
     relay = relay_factory(**env())
-    # Authentication reads the relay members outside any statement budget: held, the 8 s operation ends.
+    # NIP-98 authentication reads the relay members before the read's transaction, under a statement
+    # budget of its own (artifacts.incremental.statement): held, it ends after 2 s, not at the 8 s operation.
     with psycopg.connect(relay_database_url(), autocommit=False) as lock:
         lock.execute("LOCK TABLE buzz_relaymember IN ACCESS EXCLUSIVE MODE")
         status, body = await post(relay, HOST, world.r, incremental(QUERY))
+        waiting = _waiting_on(lock, "buzz_relaymember")
         lock.rollback()
-    assert status == 503 and body["error"] == "incremental_unavailable" and body["reason"] == "operation_budget", body
+    assert status == 503 and body["error"] == "incremental_unavailable" and body["reason"] == "statement_budget", body
     _no_progress(body)
+    assert waiting == 0, "the timed-out admission lookup still waits on the server"
+    status, body = await post(relay, HOST, world.r, incremental(QUERY))
+    assert status == 200, body
+
+
+async def test_the_operation_budget_is_503(world: World, relay_factory: Any) -> None:
+    # A database that stops answering (a proxy that stops forwarding) never enforces a statement_timeout: the
+    # relay's 8 s operation budget ends the read.
+    token = await sync_to_async(make_token)(world.community, world.r, ["messages:read"])
+    proxy = StallableProxy(relay_database_url())
+    relay = relay_factory(**env(DATABASE_URL=await proxy.start()))
+    try:
+        status, body = await post(relay, HOST, token, incremental(QUERY))
+        assert status == 200, body
+        proxy.stall()
+        status, body = await post(relay, HOST, token, incremental(QUERY))
+        proxy.resume()
+        assert status == 503 and body["error"] == "incremental_unavailable", body
+        assert body["reason"] == "operation_budget", body
+        _no_progress(body)
+        status, body = await post(relay, HOST, token, incremental(QUERY))
+        assert status == 200, body  # and reads again once the database answers
+    finally:
+        proxy.resume()
+        await proxy.aclose()

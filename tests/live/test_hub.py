@@ -15,13 +15,14 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from buzz.live.hub import Hub, HubUnavailable, LossReason, topic_for_channel, topic_for_community
+from tests.support.proxy import StallableProxy
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -99,79 +100,6 @@ def closed_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
-
-
-class StallableProxy:
-    """A TCP proxy to Redis that can delay every chunk, or stop forwarding (a black hole)
-    without closing sockets."""
-
-    def __init__(self, target_url: str, delay: float = 0.0) -> None:
-        self.delay = delay
-        parts = urlsplit(target_url)
-        if parts.scheme != "redis" or parts.hostname is None:
-            raise ValueError("StallableProxy needs a redis://host:port URL")
-        self._target = (parts.hostname, parts.port or 6379)
-        self._parts = parts
-        self._flowing = asyncio.Event()
-        self._flowing.set()
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-        self.url = ""
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        userinfo = self._parts.netloc.rpartition("@")[0]
-        netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
-        self.url = urlunsplit((self._parts.scheme, netloc, self._parts.path, self._parts.query, ""))
-        return self.url
-
-    def stall(self) -> None:
-        self._flowing.clear()
-
-    def resume(self) -> None:
-        self._flowing.set()
-
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.append(writer)
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self._target)
-        except OSError:
-            writer.close()
-            return
-        self._writers.append(up_writer)
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True)
-        writer.close()
-        up_writer.close()
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                if self.delay:
-                    await asyncio.sleep(self.delay)
-                await self._flowing.wait()
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.close()
-
-    async def aclose(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in self._writers:
-            writer.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks)
-        if self._server is not None:
-            await self._server.wait_closed()
 
 
 def payload(obj: dict[str, Any]) -> str:
