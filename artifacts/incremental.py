@@ -51,7 +51,7 @@ from django.db import connection
 from psycopg import AsyncConnection
 
 from artifacts.query import ArtifactQuery, QueryError, parse_query
-from artifacts.selectors import HEAD_JOIN, current_where
+from artifacts.selectors import HEAD_JOIN, current_where, reads_tag_index
 from buzz.access.policy import (
     Denied,
     check_reader,
@@ -557,28 +557,61 @@ class Snapshot:
 
 
 # A transaction's first statement after BEGIN: its settings (set_config(..., true) is SET LOCAL, so the
-# budget bounds every later statement), the database clock, the policy stamp and the TTL channels.
+# budget and the plan mode apply to every later statement), the database clock, the policy stamp and the
+# TTL channels.
 _HEAD_SQL: Final = (
     "SELECT set_config('statement_timeout', %s, true),"
-    " set_config('plan_cache_mode', 'force_custom_plan', true), clock_timestamp(),"
+    " set_config('plan_cache_mode', %s, true), clock_timestamp(),"
     " (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s),"
     " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL)"
 )
 
 
+# The plans of a read's transaction (plan_cache_mode). An initial page's predicates choose how its scan
+# runs (by the tag index, by type, in d order), which a plan for the parameters sees: custom plans, as the
+# current view reads. A later page's scans are bounded by the window and the page whatever the query, and
+# column predicates (type, d) only decide each candidate's answer, so it is planned once, generically:
+# planning its four sources anew cost more than running them (bench/incremental.py's later pages of 100
+# changes: 2.2-2.7 ms a page statement with custom plans, 1.3-1.5 ms generic, in the same runs).
+# tests/incremental/test_page_plans.py checks its generic plan on never-analyzed tables. A tag predicate is
+# a subquery per candidate, whose plan (a probe per row, or a hash of every artifact with the tag) depends
+# on how common the value is: custom plans again.
+CUSTOM_PLANS: Final = "force_custom_plan"
+GENERIC_PLANS: Final = "force_generic_plan"
+
+
+def _later_plans(query: ArtifactQuery) -> str:
+    return CUSTOM_PLANS if reads_tag_index(query) else GENERIC_PLANS
+
+
+def _plans_for(request: Request) -> str:
+    """The plan mode of a page of this request (a token that doesn't open is answered by `resume`)."""
+    if request.checkpoint is not None:
+        return _later_plans(request.query)
+    if request.cursor is not None:
+        try:
+            later = open_token("cursor", request.cursor).get("f") is not None
+        except IncrementalError:
+            return CUSTOM_PLANS
+        return _later_plans(request.query) if later else CUSTOM_PLANS
+    return CUSTOM_PLANS
+
+
 async def _begin(
-    conn: AsyncConnection[Any], deadline: float, community_id: int, params: dict[str, Any] | None
+    conn: AsyncConnection[Any], deadline: float, community_id: int, params: dict[str, Any] | None, plans: str
 ) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None]:
     """Inside a pipeline: BEGIN, the pass's head (settings, database clock, policy stamp, TTL channels) and,
     for a bearer token, its lookup. Returns their cursors; nothing is read yet."""
     await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-    head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
+    head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), plans, community_id, community_id))
     token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
     return head, token
 
 
 @contextlib.asynccontextmanager
-async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = False) -> AsyncIterator[Snapshot]:
+async def _transaction(
+    deadline: float, who: Actor | Bearer, *, wide: bool = False, plans: str = CUSTOM_PLANS
+) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
     policy stamp, the TTL channels and, for a Bearer credential, the token and its holder's admission
     read: one round trip (a pipeline; the pool's connections are autocommit, so BEGIN is sent with them).
@@ -600,7 +633,7 @@ async def _transaction(deadline: float, who: Actor | Bearer, *, wide: bool = Fal
         community_id = int(community.id)
         try:
             async with pipeline(conn):
-                head, token = await _begin(conn, deadline, community_id, params)
+                head, token = await _begin(conn, deadline, community_id, params, plans)
                 scoped = None
                 if wide and known is not None:
                     scoped = await conn.execute(*wide_scope_statement(known))
@@ -806,7 +839,7 @@ async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> s
     fast = await _continue_in_one_trip(who, request, deadline, n)
     if fast is not None:
         return _page(*fast, n)
-    async with _transaction(deadline, who, wide=request.query.channels() is None) as snap:
+    async with _transaction(deadline, who, wide=request.query.channels() is None, plans=_plans_for(request)) as snap:
         actor = snap.actor
         run = resume(actor, request, now=snap.now, stamp=snap.stamp)
         channels = await scope(snap, request.query)
@@ -883,7 +916,8 @@ async def _continue_in_one_trip(
         community_id = int(community.id)
         try:
             async with pipeline(conn):
-                head, token = await _begin(conn, deadline, community_id, params)
+                plans = CUSTOM_PLANS if since is None else _later_plans(request.query)
+                head, token = await _begin(conn, deadline, community_id, params, plans)
                 scoped = await conn.execute(*wide_scope_statement(known))
                 page = await conn.execute(sql, args)  # type: ignore[arg-type]
                 await conn.execute("COMMIT")

@@ -46,6 +46,11 @@ def _md5(value: str) -> str:
     return hashlib.md5(value.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
+def reads_tag_index(query: ArtifactQuery) -> bool:
+    """Does `current_where` match a predicate of this query through the tag index (a subquery)?"""
+    return any(name != "h" and name not in _COLUMN_PREDICATES for name, _ in query.predicates)
+
+
 def current_where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
     """The current view's WHERE over `artifacts_artifact a` joined to its head `r`: scope, then predicates.
     Sync's snapshot reads the same rows (artifacts.sync)."""

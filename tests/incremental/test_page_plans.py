@@ -1,0 +1,179 @@
+"""The plans of incremental pages (artifacts.incremental._plans_for): an initial page and a later page with a
+tag predicate are planned for their parameters every time (force_custom_plan); a later page without one is
+planned once, generically (force_generic_plan), and that plan reads no table whole on never-analyzed tables.
+
+Method: passes of one-row pages run in-process through artifacts.incremental.read_page on buzz.runtime's read
+pool against the test database, enough times that psycopg prepares each page statement and PostgreSQL has
+made its five custom plans. Then every connection of the pool is asked for its prepared statements
+(pg_prepared_statements, PostgreSQL 14+) and the page statements' plan counters are read. A later page's
+generic plan is also explained on never-analyzed tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg._queries import PostgresQuery
+from psycopg.adapt import Transformer
+
+from artifacts import incremental
+from buzz.events.ingest import ingest
+from buzz.identity.actor import Actor
+from buzz.nostr import Signer
+from buzz.runtime import runtime
+from tests.chat import test_hot_plans
+from tests.chat.test_hot_plans import OTHER_CHANNELS, ROWS, Fresh, _brief, _md5, nodes
+from tests.support.factories import make_channel, make_community, revision
+from tests.support.inprocess import actor_of
+
+HOST = "incremental-plans.test"
+ARTIFACTS = 4
+PASSES = 4  # of ARTIFACTS one-row pages each: past the prepare threshold and the five custom plans
+PLAIN = {"artifact": "current", "#type": ["buzz.task"]}
+TAGGED = {"artifact": "current", "#status": ["open"]}
+fresh = test_hot_plans.fresh  # the fixture of never-analyzed tables
+
+
+@pytest.fixture
+def reader(transactional_db: None, settings: Any) -> tuple[Actor, Signer, uuid.UUID]:
+    settings.BUZZ_WRITE_QUOTA = {"per_second": 0.0, "burst": 0.0}
+    settings.BUZZ_INCREMENTAL = {
+        **settings.BUZZ_INCREMENTAL,
+        "enabled": True,
+        "signing_key": "plans-" + "k" * 40,
+        "page_rows": 1,
+    }
+    alice = Signer.generate()
+    community = make_community(HOST, members=[alice])
+    channel = make_channel(community, alice, visibility="private")
+    return actor_of(community, alice), alice, channel
+
+
+async def _pass(actor: Actor, query: dict[str, Any], checkpoint: str | None = None) -> tuple[str, set[str]]:
+    """One pass to its end: (its checkpoint, the artifacts its upserts named)."""
+    extra = {} if checkpoint is None else {"checkpoint": checkpoint}
+    request = incremental.parse_request([{"artifact": "incremental", "query": query, **extra}])
+    named: set[str] = set()
+    while True:
+        body = json.loads(await incremental.read_page(actor, request, asyncio.get_running_loop().time() + 8))
+        named |= {c["artifactId"] for c in body["changes"] if c["type"] == "upsert"}
+        if body["nextCursor"] is None:
+            return str(body["checkpoint"]), named
+        request = incremental.Request(query=request.query, digest=request.digest, cursor=body["nextCursor"])
+
+
+async def _page_statements() -> list[tuple[int, int, str]]:
+    """(generic plans, custom plans, text) of every prepared page statement of the read pool."""
+    pool = await runtime.pool()
+    found: list[tuple[int, int, str]] = []
+    async with contextlib.AsyncExitStack() as held:
+        for _ in range(pool.get_stats()["pool_size"]):
+            conn = await held.enter_async_context(pool.connection())
+            rows = await (
+                await conn.execute(
+                    "SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements"
+                    " WHERE statement LIKE '%artifacts_revision%'"
+                )
+            ).fetchall()
+            found.extend(rows)
+    return found
+
+
+async def test_later_pages_without_tag_predicates_are_planned_once(
+    reader: tuple[Actor, Signer, uuid.UUID],
+) -> None:
+    actor, alice, channel = reader
+    heads = set()
+    try:
+        for _ in range(ARTIFACTS):
+            d = str(uuid.uuid4())
+            assert (await ingest(actor, revision(alice, d=d, h=channel, extra=[["status", "open"]])))[1].ok
+            heads.add(d)
+        start = {name: (await _pass(actor, query))[0] for name, query in (("plain", PLAIN), ("tagged", TAGGED))}
+        for _ in range(PASSES):
+            for name, query in (("plain", PLAIN), ("tagged", TAGGED)):
+                assert (await _pass(actor, query))[1] == heads  # initial passes
+                # Later passes: every head changed in the window (and the reader's grant replays them).
+                assert (await _pass(actor, query, start[name]))[1] == heads
+        statements = await _page_statements()
+    finally:
+        await runtime.aclose()
+    initial = [s for s in statements if "WITH u AS" not in s[2]]
+    later = [s for s in statements if "WITH u AS" in s[2] and "artifacts_currenttag" not in s[2]]
+    tagged_later = [s for s in statements if "WITH u AS" in s[2] and "artifacts_currenttag" in s[2]]
+    assert initial and later and tagged_later, [s[2][:80] for s in statements]
+    # Forced custom plans: never a generic one.
+    assert all(generic == 0 and custom > 0 for generic, custom, _ in initial + tagged_later), initial + tagged_later
+    # Generic plans only.
+    assert all(generic > 0 and custom == 0 for generic, custom, _ in later), later
+
+
+# --- the later page's generic plan on never-analyzed tables ------------------------------------------------
+# tests/chat/test_hot_plans.py's fresh tables: one channel with ROWS // 4 artifacts (changed now), 1,000 more
+# channels of the community, the reader (their author) a member of each since the fixture made them, so the
+# window holds every head and a grant of every channel.
+
+
+def _explain_generic(conn: psycopg.Connection[Any], name: str, statement: str, args: list[Any]) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of one execution of `statement` prepared as psycopg prepares it, rolled back
+    (the session's plan_cache_mode is force_generic_plan)."""
+    query = PostgresQuery(Transformer(conn))
+    query.convert(statement, args)
+    conn.pgconn.prepare(name.encode(), query.query, [int(t) for t in query.types])
+    literals = sql.SQL(", ").join(sql.Literal(v) for v in args).as_string(conn)
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name} ({literals})").fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return dict(plan[0])
+
+
+def _later_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
+    actor = fresh.actor
+    now = fresh.conn.execute("SELECT clock_timestamp()").fetchone()
+    assert now is not None
+    channels = sorted([fresh.channel, *(uuid.UUID(_md5(f"ch{i}")) for i in range(1, OTHER_CHANNELS + 1))])
+    query = incremental.parse_request([{"artifact": "incremental", "query": PLAIN}]).query
+    start = incremental.micros(now[0])
+    since = start - 3600 * 1_000_000
+    first = incremental.Pass(start=start, since=since, stamp=0)
+    # A continuation inside the grants (the replay of the big channel) and one inside the heads.
+    ident = f"{fresh.channel} {uuid.UUID(_md5('d1'))}"
+    in_grants = incremental.Pass(start, since, 0, incremental.Position(since, incremental.SRC_GRANT, ident))
+    in_heads = incremental.Pass(
+        start, since, 0, incremental.Position(since, incremental.SRC_HEAD, str(uuid.UUID(int=0)))
+    )
+    page = incremental.page_rows() + 1
+    return {
+        name: incremental._later_sql(actor, query, channels, run, since, page)
+        for name, run in (("first", first), ("in_grants", in_grants), ("in_heads", in_heads))
+    }
+
+
+def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_tables(fresh: Fresh) -> None:
+    fresh.fill()
+    assert fresh.never_analyzed(), "a fresh table has statistics"
+    artifacts = ROWS // 4
+    for name, (statement, args) in _later_pages(fresh).items():
+        explained = _explain_generic(fresh.conn, f"later_{name}", statement, args)
+        assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
+        read: dict[str, int] = {}
+        for node in nodes(explained["Plan"]):
+            relation = node.get("Relation Name")
+            if relation is None:
+                continue
+            assert node["Node Type"] != "Seq Scan" or relation == "buzz_channel", f"{name}: {_brief(node)}"
+            removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
+            read[relation] = read.get(relation, 0) + node["Actual Rows"] * node["Actual Loops"] + removed
+        # The grants replay the big channel once (its heads are candidates in their own right too); the heads
+        # and the page's joins read a page.
+        assert read.get("artifacts_artifact", 0) <= artifacts + 3 * incremental.page_rows() + 10, (name, read)
+        assert read.get("artifacts_revision", 0) <= incremental.page_rows() + 5, (name, read)
+    assert fresh.never_analyzed()
