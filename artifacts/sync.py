@@ -20,8 +20,8 @@ core never imports it. One `SyncSubscription` per sync holds all of its state:
    calls on the hub's reader and the head reader's task (no task, future or wake-up
    per sync and change); only a head that left for a channel the sync doesn't name
    goes through the sync's own task. The published event itself is never sent.
-5. Rules 5, 6 and 9. Any loss the node can see (hub drop, fan-out overflow, an
-   undecodable signal, a failed head or access read, a full send queue), a
+5. Rules 5, 6 and 9. Any loss the node can see (hub drop, fan-out overflow, a
+   signal it can't decode or interpret, a failed head or access read, a full send queue), a
    retirement, and any access change on a named channel end the sync with
    CLOSED "resync: ...". If even that can't be queued, the connection is closed.
 6. The census (artifacts.census). A sync whose scope check passed is counted until it ends, however it
@@ -500,31 +500,45 @@ class SyncSubscription:
     def on_message(self, topic: str, message: dict[str, Any]) -> None:
         if self.ended:
             return
+        # Rule 5: a message this sync can't interpret (an unknown kind, a missing or mistyped field) may have
+        # been a change it needed; it is a loss like one that could not be decoded, never silently skipped.
         kind = message.get("t")
         if kind == signals.EVENT:
             event = message.get("event")
-            if not isinstance(event, dict):
-                self.resync("live delivery received an undecodable signal")
+            if not isinstance(event, dict) or type(event.get("kind")) is not int:
+                self.resync(_UNINTERPRETABLE)
                 return
-            if event.get("kind") not in (KIND_ARTIFACT, KIND_REMOVAL):
+            if event["kind"] not in (KIND_ARTIFACT, KIND_REMOVAL):
                 return
             d = _d_of(event)
             if d is None:
-                self.resync("live delivery received an undecodable signal")
+                self.resync(_UNINTERPRETABLE)
                 return
             self._changed(d)
         elif kind == signals.ACCESS:
-            if message.get("channel") in self._channel_strs and self._concerns_reader(message):
+            channel = message.get("channel")
+            if not isinstance(channel, str):
+                self.resync(_UNINTERPRETABLE)
+            elif channel in self._channel_strs and self._concerns_reader(message):
                 # Rule 9: the reader's membership, the visibility or the deletion of a named channel. Archive
                 # sends no access signal; another member's membership changes nothing this reader can read.
                 self.resync("access to a channel of this sync changed")
         elif kind == signals.STANDING:
             actor = self.host.actor
-            if actor is None or signals.standing_concerns(message, pubkey=actor.pubkey, token_id=actor.token_id):
+            token = message.get("token")
+            if not isinstance(message.get("pubkey"), str) or not (token is None or type(token) is int):
+                self.resync(_UNINTERPRETABLE)
+            elif actor is None or signals.standing_concerns(message, pubkey=actor.pubkey, token_id=actor.token_id):
                 # A ban, a removal from the relay members, or a revoked token of this connection.
                 self.resync("the reader's access changed")
-        elif kind == signals.RETIRED and message.get("channel") in self._channel_strs and self._may_hold(message):
-            self.resync("an artifact of this sync was retired by moderation")
+        elif kind == signals.RETIRED:
+            channel = message.get("channel")
+            if not isinstance(channel, str) or not isinstance(message.get("d"), str):
+                self.resync(_UNINTERPRETABLE)
+            elif channel in self._channel_strs and self._may_hold(message):
+                self.resync("an artifact of this sync was retired by moderation")
+        else:
+            self.resync(_UNINTERPRETABLE)
 
     def _may_hold(self, message: dict[str, Any]) -> bool:
         """Rule 6: only a sync whose set holds the retired artifact, whose set is still being read, or whose head
@@ -564,6 +578,9 @@ def restricted(reason: str) -> str:
     _, sep, detail = reason.partition(":")
     return f"restricted: {detail.strip() if sep else reason}"
 
+
+# Rule 5's resync for a live message the sync could not interpret.
+_UNINTERPRETABLE: Final = "live delivery received a signal this relay could not interpret"
 
 # Rule 2's CLOSED for a reader too slow to take the initial set.
 _TOO_SLOW: Final = "error: the client did not read the initial set in time; start a new sync"

@@ -5,7 +5,7 @@
   is back.
 * A Redis restart (a redis-server of the test's own, killed and started again on its port): the same,
   and a sync sent while Redis is down waits for it.
-* A garbage signal payload on a channel topic: resync.
+* A garbage signal payload on a channel topic, or a decodable one the sync can't interpret: resync.
 * A slow client that stops reading while changes arrive: resync, or the connection is closed.
 * An access check that fails (the relay's database role loses a privilege the policy needs): resync.
 """
@@ -88,14 +88,26 @@ async def test_redis_restart_resyncs_and_a_sync_sent_meanwhile_waits(world: Worl
             assert not late.eose
 
 
-async def test_a_garbage_signal_resyncs(world: World, relay_factory: Any, redis_client: redis.Redis) -> None:
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff\xfe{not json",
+        # Decodable, but not a signal the sync can interpret (an unknown kind; an event without a kind).
+        b'{"t": "renamed", "channel": "x"}',
+        b'{"t": "event", "event": {"tags": []}}',
+    ],
+    ids=["undecodable", "unknown-kind", "event-without-kind"],
+)
+async def test_a_garbage_signal_resyncs(
+    world: World, relay_factory: Any, redis_client: redis.Redis, payload: bytes
+) -> None:
     relay = relay_factory(**RELAY_ENV)
     async with RelayClient.connect(relay.ws_url, host=HOST) as r:
         assert (await r.auth(world.reader))[2] is True
         state = await open_sync(r, "s", {"artifact": "current", "#h": [str(world.a)]})
         assert state.eose
         wire = os.environ["BUZZ_REDIS_PREFIX"] + topic_for_channel(world.community.pk, str(world.a))
-        redis_client.publish(wire, b"\xff\xfe{not json")
+        redis_client.publish(wire, payload)
         await follow(r, "s", state, lambda s: False)
         assert _resync(state), state.closed
 
