@@ -14,7 +14,6 @@ The operator's PGOPTIONS is kept: a setting given there reaches the write sessio
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from typing import Any
 
@@ -25,7 +24,7 @@ from buzz.models import Community
 from buzz.nostr import Signer
 from buzz.runtime import runtime
 from tests.support.factories import make_channel, make_community, message, revision
-from tests.support.inprocess import actor_of
+from tests.support.inprocess import actor_of, every_connection
 
 HOST = "write-plans.test"
 SENDS = 6  # past psycopg's prepare threshold, and past PostgreSQL's five custom plans under auto
@@ -77,12 +76,9 @@ async def test_write_sessions_use_generic_plans_only(room: tuple[Community, Sign
 
 async def _write_sessions() -> list[tuple[int, int, str]]:
     """The prepared statements of every write-pool connection, each checked for its session settings."""
-    pool = await runtime.write_pool()
     statements: list[tuple[int, int, str]] = []
-    async with contextlib.AsyncExitStack() as held:
-        # Every connection the pool has opened, held at once so that none is handed out twice.
-        for _ in range(pool.get_stats()["pool_size"]):
-            conn = await held.enter_async_context(pool.connection())
+    async with every_connection(await runtime.write_pool()) as connections:
+        for conn in connections:
             settings_row = await (
                 await conn.execute("SELECT current_setting('plan_cache_mode'), current_setting('lock_timeout')")
             ).fetchone()

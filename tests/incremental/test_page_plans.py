@@ -12,7 +12,6 @@ generic plan is also explained on never-analyzed tables.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
 from typing import Any
@@ -31,7 +30,7 @@ from buzz.runtime import runtime
 from tests.chat import test_hot_plans
 from tests.chat.test_hot_plans import OTHER_CHANNELS, ROWS, Fresh, _brief, _md5, nodes
 from tests.support.factories import make_channel, make_community, revision
-from tests.support.inprocess import actor_of
+from tests.support.inprocess import actor_of, every_connection
 
 HOST = "incremental-plans.test"
 ARTIFACTS = 4
@@ -71,11 +70,9 @@ async def _pass(actor: Actor, query: dict[str, Any], checkpoint: str | None = No
 
 async def _page_statements() -> list[tuple[int, int, str]]:
     """(generic plans, custom plans, text) of every prepared page statement of the read pool."""
-    pool = await runtime.pool()
     found: list[tuple[int, int, str]] = []
-    async with contextlib.AsyncExitStack() as held:
-        for _ in range(pool.get_stats()["pool_size"]):
-            conn = await held.enter_async_context(pool.connection())
+    async with every_connection(await runtime.pool()) as connections:
+        for conn in connections:
             rows = await (
                 await conn.execute(
                     "SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements"

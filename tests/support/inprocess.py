@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
@@ -45,6 +47,15 @@ def community_info(community: Community) -> CommunityInfo:
         relay_secret=community.relay_secret,
         admission=community.admission,
     )
+
+
+@contextlib.asynccontextmanager
+async def every_connection(
+    pool: AsyncConnectionPool[AsyncConnection[Any]],
+) -> AsyncIterator[list[AsyncConnection[Any]]]:
+    """Every connection the pool has opened, held at once, so that none is handed out twice."""
+    async with contextlib.AsyncExitStack() as held:
+        yield [await held.enter_async_context(pool.connection()) for _ in range(pool.get_stats()["pool_size"])]
 
 
 def actor_of(community: Community, signer: Signer) -> Actor:
