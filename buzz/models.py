@@ -253,7 +253,16 @@ class Membership(models.Model):
                 name="membership_active_unique",
             )
         ]
-        indexes = [models.Index(fields=["pubkey", "channel"], name="membership_by_pubkey")]
+        indexes = [
+            models.Index(fields=["pubkey", "channel"], name="membership_by_pubkey"),
+            # A reader's retained removals in a time window (NIP-AR incremental reads, removeChannel): from
+            # the reader's own rows, not from every channel of the community.
+            models.Index(
+                fields=["pubkey", "removed_at"],
+                condition=models.Q(removed_at__isnull=False),
+                name="membership_removals",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.pubkey[:12]}… in {self.channel_id} ({self.role})"

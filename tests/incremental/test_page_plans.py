@@ -172,5 +172,12 @@ def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_table
         # The grants replay the big channel once (its heads are candidates in their own right too); the heads
         # and the page's joins read a page.
         assert read.get("artifacts_artifact", 0) <= artifacts + 3 * incremental.page_rows() + 10, (name, read)
+        # The reader's removals come from its own rows (membership_removals), not a probe of its membership in
+        # every channel of the community: the channels and memberships read are the grants', once.
+        granted = OTHER_CHANNELS + 1
+        assert read.get("buzz_channel", 0) <= granted + 10 and read.get("buzz_membership", 0) <= granted + 10, (
+            name,
+            read,
+        )
         assert read.get("artifacts_revision", 0) <= incremental.page_rows() + 5, (name, read)
     assert fresh.never_analyzed()
