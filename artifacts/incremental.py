@@ -784,16 +784,39 @@ def _later_sql(
     args.append(n)
 
     args += [community, actor.pubkey, channels, lo, hi]
-    grant_ident = "(c.uuid::text || ' ' || a.d::text) COLLATE \"C\""
-    grants = (
-        f"(SELECT mb.joined_at, {SRC_GRANT}, {grant_ident}, a.id, NULL::text"  # noqa: S608
-        " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
-        " JOIN artifacts_artifact a ON a.community_id = c.community_id AND a.home = c.uuid"
-        " WHERE c.community_id = %s AND mb.pubkey = %s AND c.uuid = ANY(%s)"
-        " AND mb.joined_at >= %s AND mb.joined_at <= %s AND NOT a.deleted AND NOT a.retired"
+    # Each granted channel's live heads in d order from its index (artifact_home), so a page of a grant's
+    # replay reads a page of the channel, not the whole channel sorted. Ordered by (joined_at, channel, d):
+    # the identity "channel d" compares as that triple (fixed-length UUID texts).
+    granted = (
+        "SELECT mb.joined_at, c.uuid, c.community_id FROM buzz_membership mb JOIN buzz_channel c"
+        " ON c.id = mb.channel_id WHERE c.community_id = %s AND mb.pubkey = %s AND c.uuid = ANY(%s)"
+        " AND mb.joined_at >= %s AND mb.joined_at <= %s"
     )
-    grants += _after("mb.joined_at", grant_ident, SRC_GRANT, after, args)
-    grants += " ORDER BY 1, 3 LIMIT %s)"
+    heads_of = (
+        "SELECT a.id, a.d FROM artifacts_artifact a WHERE a.community_id = g.community_id AND a.home = g.uuid"
+        " AND NOT a.deleted AND NOT a.retired"
+    )
+    if after is not None and after.src == SRC_GRANT:
+        at_channel, _, at_d = after.ident.partition(" ")
+        at = from_micros(after.ts)
+        granted += " AND (mb.joined_at, c.uuid) >= (%s, %s::uuid)"
+        args += [at, at_channel]
+        # In the position's own grant, the heads after its d (an index bound); in later grants, all of them.
+        heads_of += (
+            " AND a.d >= CASE WHEN g.joined_at = %s AND g.uuid = %s::uuid THEN %s::uuid"
+            " ELSE '00000000-0000-0000-0000-000000000000'::uuid END"
+            " AND NOT (g.joined_at = %s AND g.uuid = %s::uuid AND a.d = %s::uuid)"
+        )
+        g_args = [at, at_channel, at_d, at, at_channel, at_d]
+    else:
+        granted += _after("mb.joined_at", "", SRC_GRANT, after, args)
+        g_args = []
+    heads_of += " ORDER BY a.d LIMIT %s"
+    args += [*g_args, n]
+    grants = (
+        f"(SELECT g.joined_at, {SRC_GRANT}, (g.uuid::text || ' ' || h.d::text) COLLATE \"C\", h.id, NULL::text"  # noqa: S608
+        f" FROM ({granted}) AS g CROSS JOIN LATERAL ({heads_of}) AS h ORDER BY 1, 3 LIMIT %s)"
+    )
     args.append(n)
 
     args += [community, actor.pubkey, lo, hi, channels, named, named, token_channels, token_channels]
