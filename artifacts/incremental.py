@@ -581,21 +581,20 @@ CUSTOM_PLANS: Final = "force_custom_plan"
 GENERIC_PLANS: Final = "force_generic_plan"
 
 
-def _later_plans(query: ArtifactQuery) -> str:
-    return CUSTOM_PLANS if reads_tag_index(query) else GENERIC_PLANS
+def _plans(query: ArtifactQuery, *, later: bool) -> str:
+    """The plan mode of a page of `query`, in a later pass or an initial one."""
+    return GENERIC_PLANS if later and not reads_tag_index(query) else CUSTOM_PLANS
 
 
 def _plans_for(request: Request) -> str:
     """The plan mode of a page of this request (a token that doesn't open is answered by `resume`)."""
-    if request.checkpoint is not None:
-        return _later_plans(request.query)
+    later = request.checkpoint is not None
     if request.cursor is not None:
         try:
             later = open_token("cursor", request.cursor).get("f") is not None
         except IncrementalError:
-            return CUSTOM_PLANS
-        return _later_plans(request.query) if later else CUSTOM_PLANS
-    return CUSTOM_PLANS
+            later = False
+    return _plans(request.query, later=later)
 
 
 async def _begin(
@@ -947,7 +946,7 @@ async def _continue_in_one_trip(
         community_id = int(community.id)
         try:
             async with pipeline(conn):
-                plans = CUSTOM_PLANS if since is None else _later_plans(request.query)
+                plans = _plans(request.query, later=since is not None)
                 head, token, scoped = await _begin(conn, deadline, community_id, params, plans, known)
                 page = await conn.execute(sql, args)  # type: ignore[arg-type]
                 await conn.execute("COMMIT")

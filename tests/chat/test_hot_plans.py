@@ -243,11 +243,12 @@ class Prepared:
         self.conn = conn
         self.literals: dict[str, str] = {}
 
-    def prepare(self, name: str, statement: str, params: dict[str, Any]) -> None:
+    def prepare(self, name: str, statement: str, params: dict[str, Any] | list[Any]) -> None:
+        """`params` named (`%(name)s`) or positional (`%s`), as the statement takes them."""
         query = PostgresQuery(Transformer(self.conn))
         query.convert(statement, params)
         self.conn.pgconn.prepare(f"hot_{name}".encode(), query.query, [int(t) for t in query.types])
-        values = _values(statement, params, len(query.types))
+        values = params if isinstance(params, list) else _values(statement, params, len(query.types))
         self.literals[name] = sql.SQL(", ").join(sql.Literal(v) for v in values).as_string(self.conn)
 
     def explain(self, name: str) -> dict[str, Any]:

@@ -16,11 +16,7 @@ import json
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg._queries import PostgresQuery
-from psycopg.adapt import Transformer
 
 from artifacts import incremental
 from buzz.events.ingest import ingest
@@ -28,7 +24,7 @@ from buzz.identity.actor import Actor
 from buzz.nostr import Signer
 from buzz.runtime import runtime
 from tests.chat import test_hot_plans
-from tests.chat.test_hot_plans import OTHER_CHANNELS, Fresh, _brief, _md5, nodes
+from tests.chat.test_hot_plans import OTHER_CHANNELS, Fresh, Prepared, _brief, _md5, nodes
 from tests.support.factories import make_channel, make_community, revision
 from tests.support.inprocess import actor_of, every_connection
 
@@ -118,20 +114,6 @@ async def test_later_pages_without_tag_predicates_are_planned_once(
 # window holds every head and a grant of every channel.
 
 
-def _explain_generic(conn: psycopg.Connection[Any], name: str, statement: str, args: list[Any]) -> dict[str, Any]:
-    """EXPLAIN (ANALYZE, BUFFERS) of one execution of `statement` prepared as psycopg prepares it, rolled back
-    (the session's plan_cache_mode is force_generic_plan)."""
-    query = PostgresQuery(Transformer(conn))
-    query.convert(statement, args)
-    conn.pgconn.prepare(name.encode(), query.query, [int(t) for t in query.types])
-    literals = sql.SQL(", ").join(sql.Literal(v) for v in args).as_string(conn)
-    with conn.transaction(force_rollback=True):
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name} ({literals})").fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    return dict(plan[0])
-
-
 def _later_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
     actor = fresh.actor
     now = fresh.conn.execute("SELECT clock_timestamp()").fetchone()
@@ -165,7 +147,9 @@ def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_table
     fresh.fill()
     assert fresh.never_analyzed(), "a fresh table has statistics"
     for name, (statement, args) in _later_pages(fresh).items():
-        explained = _explain_generic(fresh.conn, f"later_{name}", statement, args)
+        prepared = Prepared(fresh.conn)
+        prepared.prepare(f"later_{name}", statement, args)
+        explained = prepared.explain(f"later_{name}")
         assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
         read: dict[str, int] = {}
         for node in nodes(explained["Plan"]):
