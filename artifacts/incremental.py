@@ -560,34 +560,56 @@ class Snapshot:
 # it bounds every later statement).
 _BUDGET_SQL: Final = "SELECT set_config('statement_timeout', %s, true)"
 # The pass's head, after the token's lookup and the scope (which keep the plans PostgreSQL chose for them):
-# the plan mode of the statements after it, the database clock, the policy stamp and the TTL channels.
+# the plans of the statements after it (plan_cache_mode and enable_sort), the database clock, the policy
+# stamp and the TTL channels.
 _HEAD_SQL: Final = (
-    "SELECT set_config('plan_cache_mode', %s, true), clock_timestamp(),"
+    "SELECT set_config('plan_cache_mode', %s, true) || set_config('enable_sort', %s, true), clock_timestamp(),"
     " (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s),"
     " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL)"
 )
 
 
-# The plans of a read's transaction (plan_cache_mode). An initial page's predicates choose how its scan
-# runs (by the tag index, by type, in d order), which a plan for the parameters sees: custom plans, as the
-# current view reads. A later page's scans are bounded by the window and the page whatever the query, and
-# column predicates (type, d) only decide each candidate's answer, so it is planned once, generically:
-# planning its four sources anew cost more than running them (bench/incremental.py's later pages of 100
-# changes: 2.2-2.7 ms a page statement with custom plans, 1.3-1.5 ms generic, in the same runs).
-# tests/incremental/test_page_plans.py checks its generic plan on never-analyzed tables. A tag predicate is
-# a subquery per candidate, whose plan (a probe per row, or a hash of every artifact with the tag) depends
-# on how common the value is: custom plans again.
-CUSTOM_PLANS: Final = "force_custom_plan"
-GENERIC_PLANS: Final = "force_generic_plan"
+@dataclass(frozen=True, slots=True)
+class Plans:
+    """How a read's transaction plans its page statement: plan_cache_mode, and whether it may sort."""
+
+    cache_mode: str
+    sort: bool
 
 
-def _plans(query: ArtifactQuery, *, later: bool) -> str:
-    """The plan mode of a page of `query`, in a later pass or an initial one."""
-    return GENERIC_PLANS if later and not reads_tag_index(query) else CUSTOM_PLANS
+# A later page's scans are bounded by the window and the page whatever the query: column predicates (type,
+# d) only decide each candidate's answer, and the page's size is in the statement's text (LIMIT). So one plan
+# made without the parameters is the plan for every page: planned once, generically, not again for every
+# page, which cost more than running it (bench/incremental.py's later pages of 100 changes: 2.2-2.7 ms a
+# page statement with custom plans, 1.3-1.5 ms generic, in the same runs).
+# An initial page reads heads in change order. What suits its predicates is the planner's to choose (a few
+# named channels or ids: read them and sort; most of the community: walk `artifact_change_order` and stop
+# at the page's last row), except for a wide read (no #h: every readable channel the reader joined or can
+# list, usually most of the community's heads) with no predicate but type: it walks the change order,
+# planned once and generically, and may not sort. That is a page of heads read and joined, where the
+# planner without statistics took every readable head, joined them to their revisions and sorted them, on
+# every page; and planning it anew cost more than a page saved (bench/incremental.py's database, same runs:
+# 1.32 ms a page custom, 1.02 ms generic, 0.97 ms the hand-written statement).
+# tests/incremental/test_page_plans.py checks both generic plans on never-analyzed tables. A tag predicate
+# is a subquery per candidate, whose plan (a probe per row, or a hash of every artifact with the tag)
+# depends on how common the value is: planned for its parameters every time, initial or later.
+CUSTOM_PLANS: Final = Plans("force_custom_plan", sort=True)
+LATER_PLANS: Final = Plans("force_generic_plan", sort=True)
+WALK_PLANS: Final = Plans("force_generic_plan", sort=False)
 
 
-def _plans_for(request: Request) -> str:
-    """The plan mode of a page of this request (a token that doesn't open is answered by `resume`)."""
+def _plans(query: ArtifactQuery, *, later: bool) -> Plans:
+    """The plans of a page of `query`, in a later pass or an initial one."""
+    if reads_tag_index(query):
+        return CUSTOM_PLANS
+    if later:
+        return LATER_PLANS
+    walks = query.channels() is None and all(name == "type" for name, _ in query.predicates)
+    return WALK_PLANS if walks else CUSTOM_PLANS
+
+
+def _plans_for(request: Request) -> Plans:
+    """The plans of a page of this request (a token that doesn't open is answered by `resume`)."""
     later = request.checkpoint is not None
     if request.cursor is not None:
         try:
@@ -602,11 +624,11 @@ async def _begin(
     deadline: float,
     community_id: int,
     params: dict[str, Any] | None,
-    plans: str,
+    plans: Plans,
     scope: Actor | None,
 ) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None, psycopg.AsyncCursor[Any] | None]:
     """Inside a pipeline: BEGIN and the statement budget, for a bearer token its lookup, for `scope` the
-    policy's wide scope of that reader, and the pass's head (the plan mode of what follows, the database clock,
+    policy's wide scope of that reader, and the pass's head (the plans of what follows, the database clock,
     the policy stamp, the TTL channels). Returns the head's, the token's and the scope's cursors; nothing is
     read yet. The token and the scope run before the plan mode is set: their plans are PostgreSQL's choice,
     generic once it has made five, rather than made again for every page (about 0.1-0.2 ms of a page)."""
@@ -614,13 +636,14 @@ async def _begin(
     await conn.execute(_BUDGET_SQL, (str(_statement_ms(deadline)),))
     token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
     scoped = await conn.execute(*wide_scope_statement(scope)) if scope is not None else None
-    head = await conn.execute(_HEAD_SQL, (plans, community_id, community_id))
+    sort = "on" if plans.sort else "off"
+    head = await conn.execute(_HEAD_SQL, (plans.cache_mode, sort, community_id, community_id))
     return head, token, scoped
 
 
 @contextlib.asynccontextmanager
 async def _transaction(
-    deadline: float, who: Actor | Bearer, *, wide: bool = False, plans: str = CUSTOM_PLANS
+    deadline: float, who: Actor | Bearer, *, wide: bool = False, plans: Plans = CUSTOM_PLANS
 ) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
     policy stamp, the TTL channels and, for a Bearer credential, the token and its holder's admission
@@ -730,10 +753,19 @@ def _after(column_ts: str, column_ident: str, src: int, after: Position | None, 
     return f" AND ({column_ts}, {column_ident}) > (%s, %s)"
 
 
+def _limit(n: int) -> int:
+    """A page statement's LIMIT, written into its text: a generic plan knows how few rows it returns (with
+    `LIMIT $n` PostgreSQL plans for a tenth of the table, and chose parallel scans for a page of 101)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"a page of {n!r} rows")
+    return n
+
+
 def _initial_sql(
     actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID], run: Pass, n: int
 ) -> tuple[str, list[Any]]:
     where, args = current_where(actor, query, channels)
+    limit = _limit(n)
     args.append(from_micros(run.start))
     keyset = ""
     if run.after is not None:
@@ -741,9 +773,8 @@ def _initial_sql(
         args.extend([from_micros(run.after.ts), run.after.ident])
     sql = (
         f"SELECT a.changed_at, {SRC_HEAD}, a.d::text, NULL::text, a.d::text, r.raw FROM {HEAD_JOIN}"  # noqa: S608
-        f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT %s"
+        f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT {limit}"
     )
-    args.append(n)
     return sql, args
 
 
@@ -756,6 +787,7 @@ def _later_sql(
     named = query.channels()
     token_channels = None if actor.channels is None else sorted(uuid.UUID(c) for c in actor.channels)
     after = run.after
+    limit = _limit(n)
     args: list[Any] = []
 
     args += [community, channels, lo, hi]
@@ -769,8 +801,7 @@ def _later_sql(
         args += [from_micros(after.ts), after.ident]
     else:
         heads += _after("a.changed_at", "", SRC_HEAD, after, args)
-    heads += " ORDER BY a.changed_at, a.d LIMIT %s)"
-    args.append(n)
+    heads += f" ORDER BY a.changed_at, a.d LIMIT {limit})"
 
     args += [community, channels, lo, hi]
     moves = (
@@ -779,8 +810,7 @@ def _later_sql(
         " WHERE m.community_id = %s AND m.source = ANY(%s) AND m.accepted_at >= %s AND m.accepted_at <= %s"
     )
     moves += _after("m.accepted_at", 'a.d::text COLLATE "C"', SRC_MOVE, after, args)
-    moves += " ORDER BY 1, 3 LIMIT %s)"
-    args.append(n)
+    moves += f" ORDER BY 1, 3 LIMIT {limit})"
 
     args += [community, actor.pubkey, channels, lo, hi]
     # Each granted channel's live heads in d order from its index (artifact_home), so a page of a grant's
@@ -810,13 +840,12 @@ def _later_sql(
     else:
         granted += _after("mb.joined_at", "", SRC_GRANT, after, args)
         g_args = []
-    heads_of += " ORDER BY a.d LIMIT %s"
-    args += [*g_args, n]
+    heads_of += f" ORDER BY a.d LIMIT {limit}"
+    args += g_args
     grants = (
         f"(SELECT g.joined_at, {SRC_GRANT}, (g.uuid::text || ' ' || h.d::text) COLLATE \"C\", h.id, NULL::text"  # noqa: S608
-        f" FROM ({granted}) AS g CROSS JOIN LATERAL ({heads_of}) AS h ORDER BY 1, 3 LIMIT %s)"
+        f" FROM ({granted}) AS g CROSS JOIN LATERAL ({heads_of}) AS h ORDER BY 1, 3 LIMIT {limit})"
     )
-    args.append(n)
 
     args += [community, actor.pubkey, lo, hi, channels, named, named, token_channels, token_channels]
     removals = (
@@ -828,18 +857,16 @@ def _later_sql(
         " AND (%s::uuid[] IS NULL OR c.uuid = ANY(%s::uuid[]))"
     )
     removals += _after("mb.removed_at", 'c.uuid::text COLLATE "C"', SRC_REMOVAL, after, args)
-    removals += " ORDER BY 1, 3 LIMIT %s)"
-    args.append(n)
+    removals += f" ORDER BY 1, 3 LIMIT {limit})"
 
     visible, vargs = current_where(actor, query, channels)
     args += vargs
-    args.append(n)
     sql = (
         f"WITH u AS ({heads} UNION ALL {moves} UNION ALL {grants} UNION ALL {removals})"  # noqa: S608
         f" SELECT u.ts, u.src, u.ident, u.chan, a.d::text, CASE WHEN a.id IS NOT NULL AND {visible} THEN r.raw END"
         " FROM u LEFT JOIN artifacts_artifact a ON a.id = u.aid"
         " LEFT JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
-        ' ORDER BY u.ts, u.src, u.ident COLLATE "C" LIMIT %s'
+        f' ORDER BY u.ts, u.src, u.ident COLLATE "C" LIMIT {limit}'
     )
     return sql, args
 
@@ -946,8 +973,9 @@ async def _continue_in_one_trip(
         community_id = int(community.id)
         try:
             async with pipeline(conn):
-                plans = _plans(request.query, later=since is not None)
-                head, token, scoped = await _begin(conn, deadline, community_id, params, plans, known)
+                head, token, scoped = await _begin(
+                    conn, deadline, community_id, params, _plans(request.query, later=since is not None), known
+                )
                 page = await conn.execute(sql, args)  # type: ignore[arg-type]
                 await conn.execute("COMMIT")
             row = await head.fetchone()

@@ -1,17 +1,18 @@
-"""The plans of incremental pages (artifacts.incremental._plans_for): an initial page and a later page with a
-tag predicate are planned for their parameters every time (force_custom_plan); a later page without one is
-planned once, generically (force_generic_plan), and that plan reads no table whole on never-analyzed tables.
+"""The plans of incremental pages (artifacts.incremental._plans): a page with a tag predicate is planned for its
+parameters every time (force_custom_plan); a page without one, initial or later, is planned once, generically
+(force_generic_plan), and that plan reads no table whole, and about a page of rows, on never-analyzed tables.
 
 Method: passes of one-row pages run in-process through artifacts.incremental.read_page on buzz.runtime's read
 pool against the test database, enough times that psycopg prepares each page statement and PostgreSQL has
 made its five custom plans. Then every connection of the pool is asked for its prepared statements
 (pg_prepared_statements, PostgreSQL 14+) and the page statements' plan counters are read. A later page's
-generic plan is also explained on never-analyzed tables.
+generic plan and an initial page's are also explained on never-analyzed tables.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from typing import Any
@@ -79,33 +80,65 @@ async def _page_statements() -> list[tuple[int, int, str]]:
     return found
 
 
-async def test_later_pages_without_tag_predicates_are_planned_once(
-    reader: tuple[Actor, Signer, uuid.UUID],
-) -> None:
+def _counts(statements: list[tuple[int, int, str]]) -> dict[str, tuple[int, int]]:
+    """(generic plans, custom plans) by statement text, summed over the pool's connections."""
+    counts: dict[str, tuple[int, int]] = {}
+    for generic, custom, text in statements:
+        was = counts.get(text, (0, 0))
+        counts[text] = (was[0] + generic, was[1] + custom)
+    return counts
+
+
+def _kind(text: str) -> tuple[bool, bool]:
+    """(a later page, a tag predicate) of a page statement's text."""
+    return "WITH u AS" in text, "artifacts_currenttag" in text
+
+
+async def test_which_pages_are_planned_once(reader: tuple[Actor, Signer, uuid.UUID]) -> None:
     actor, alice, channel = reader
+    named = {"artifact": "current", "#h": [str(channel)], "#type": ["buzz.task"]}
     heads = set()
     try:
         for _ in range(ARTIFACTS):
             d = str(uuid.uuid4())
             assert (await ingest(actor, revision(alice, d=d, h=channel, extra=[["status", "open"]])))[1].ok
             heads.add(d)
-        start = {name: (await _pass(actor, query))[0] for name, query in (("plain", PLAIN), ("tagged", TAGGED))}
+        queries = (("plain", PLAIN), ("tagged", TAGGED))
+        start = {name: (await _pass(actor, query))[0] for name, query in queries}
         for _ in range(PASSES):
-            for name, query in (("plain", PLAIN), ("tagged", TAGGED)):
+            for name, query in queries:
                 assert (await _pass(actor, query))[1] == heads  # initial passes
                 # Later passes: every head changed in the window (and the reader's grant replays them).
                 assert (await _pass(actor, query, start[name]))[1] == heads
         statements = await _page_statements()
+        # Then passes naming the channel: the same statement texts as the wide read's pages.
+        checkpoint = (await _pass(actor, named))[0]
+        for _ in range(PASSES):
+            assert (await _pass(actor, named))[1] == heads
+            assert (await _pass(actor, named, checkpoint))[1] == heads
+        after_named = await _page_statements()
     finally:
         await runtime.aclose()
-    initial = [s for s in statements if "WITH u AS" not in s[2]]
-    later = [s for s in statements if "WITH u AS" in s[2] and "artifacts_currenttag" not in s[2]]
-    tagged_later = [s for s in statements if "WITH u AS" in s[2] and "artifacts_currenttag" in s[2]]
-    assert initial and later and tagged_later, [s[2][:80] for s in statements]
-    # Forced custom plans: never a generic one.
-    assert all(generic == 0 and custom > 0 for generic, custom, _ in initial + tagged_later), initial + tagged_later
-    # Generic plans only.
-    assert all(generic > 0 and custom == 0 for generic, custom, _ in later), later
+    shapes = {
+        kind: [s for s in statements if _kind(s[2]) == kind] for kind in itertools.product((False, True), repeat=2)
+    }
+    assert all(shapes.values()), [s[2][:80] for s in statements]
+    # A tag predicate: forced custom plans, never a generic one, initial and later.
+    tagged = shapes[(False, True)] + shapes[(True, True)]
+    assert all(generic == 0 and custom > 0 for generic, custom, _ in tagged), tagged
+    # Without one, the wide read's initial pages and its later pages: generic plans only.
+    plain = shapes[(False, False)] + shapes[(True, False)]
+    assert all(generic > 0 and custom == 0 for generic, custom, _ in plain), [s[:2] for s in plain]
+    # Naming the channel: its initial pages are planned for their parameters (custom plans, and no more
+    # executions of the generic one); its later pages use the generic plan.
+    before = _counts(plain)
+    initial = {text: counts for text, counts in _counts(after_named).items() if _kind(text) == (False, False)}
+    assert sum(custom for _, custom in initial.values()) >= PASSES * ARTIFACTS, initial
+    assert all(initial[text][0] == before.get(text, (0, 0))[0] for text in initial), (before, initial)
+    later = {text: counts for text, counts in _counts(after_named).items() if _kind(text) == (True, False)}
+    assert later and all(custom == 0 for _, custom in later.values()), later
+    # The page's size is in the text, so a generic plan knows it returns a page.
+    assert all(f"LIMIT {incremental.page_rows() + 1}" in text for _, _, text in statements), statements
 
 
 # --- the later page's generic plan on never-analyzed tables ------------------------------------------------
@@ -170,4 +203,64 @@ def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_table
             name,
             read,
         )
+    assert fresh.never_analyzed()
+
+
+# --- an initial page's generic plan on never-analyzed tables ----------------------------------------------
+# The same fresh tables: every head of the big channel changed at one instant, so a continuation's keyset sits
+# inside a tie on changed_at and is bounded by d alone.
+
+
+def _initial_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
+    actor = fresh.actor
+    now = fresh.conn.execute("SELECT clock_timestamp()").fetchone()
+    assert now is not None
+    channels = sorted([fresh.channel, *(uuid.UUID(_md5(f"ch{i}")) for i in range(1, OTHER_CHANNELS + 1))])
+    query = incremental.parse_request([{"artifact": "incremental", "query": PLAIN}]).query
+    start = incremental.micros(now[0])
+    middle = fresh.conn.execute(
+        "SELECT changed_at, d FROM artifacts_artifact ORDER BY changed_at, d OFFSET %s LIMIT 1",
+        (test_hot_plans.ROWS // 8,),
+    ).fetchone()
+    assert middle is not None
+    at = incremental.Position(incremental.micros(middle[0]), incremental.SRC_HEAD, str(middle[1]))
+    page = incremental.page_rows() + 1
+    return {
+        name: incremental._initial_sql(actor, query, scope, run, page)
+        for name, scope, run in (
+            ("first", channels, incremental.Pass(start=start, since=None, stamp=0)),
+            ("continued", channels, incremental.Pass(start, None, 0, at)),
+            ("one_channel", [fresh.channel], incremental.Pass(start, None, 0, at)),
+        )
+    }
+
+
+def test_an_initial_pages_generic_plan_reads_a_page_on_never_analyzed_tables(fresh: Fresh) -> None:
+    # The wide read's initial pages are planned as below: generically, without a sort.
+    wide = incremental.parse_request([{"artifact": "incremental", "query": PLAIN}]).query
+    assert incremental._plans(wide, later=False) == incremental.Plans("force_generic_plan", sort=False)
+    fresh.fill()
+    assert fresh.never_analyzed(), "a fresh table has statistics"
+    for name, (statement, args) in _initial_pages(fresh).items():
+        prepared = Prepared(fresh.conn)
+        fresh.conn.execute("SET enable_sort = off")  # as artifacts.incremental.WALK_PLANS plans it
+        prepared.prepare(f"initial_{name}", statement, args)
+        explained = prepared.explain(f"initial_{name}")
+        assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
+        read: dict[str, int] = {}
+        returned = explained["Plan"]["Actual Rows"]
+        assert returned == incremental.page_rows() + 1, (name, returned)
+        for node in nodes(explained["Plan"]):
+            relation = node.get("Relation Name")
+            if relation is None:
+                continue
+            assert node["Node Type"] != "Seq Scan", f"{name}: {_brief(node)}"
+            assert "Parallel" not in node["Node Type"], f"{name}: {_brief(node)}"
+            removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
+            read[relation] = read.get(relation, 0) + node["Actual Rows"] * node["Actual Loops"] + removed
+        # A page: the heads in change order from the keyset on, each joined to its revision.
+        assert read.get("artifacts_artifact", 0) <= incremental.page_rows() + 5, (name, read)
+        assert read.get("artifacts_revision", 0) <= incremental.page_rows() + 5, (name, read)
+        prepared.close()
+        fresh.conn.execute("RESET enable_sort")
     assert fresh.never_analyzed()
