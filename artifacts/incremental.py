@@ -792,7 +792,7 @@ def _later_sql(
 
     args += [community, channels, lo, hi]
     heads = (
-        f'(SELECT a.changed_at AS ts, {SRC_HEAD} AS src, a.d::text COLLATE "C" AS ident, a.id AS aid,'  # noqa: S608
+        f'(SELECT a.changed_at AS ts, {SRC_HEAD} AS src, a.d::text COLLATE "C" AS ident, a AS art,'  # noqa: S608
         " NULL::text AS chan FROM artifacts_artifact a"
         " WHERE a.community_id = %s AND a.home = ANY(%s) AND a.changed_at >= %s AND a.changed_at <= %s"
     )
@@ -805,7 +805,7 @@ def _later_sql(
 
     args += [community, channels, lo, hi]
     moves = (
-        f'(SELECT m.accepted_at, {SRC_MOVE}, a.d::text COLLATE "C", a.id, NULL::text'  # noqa: S608
+        f'(SELECT m.accepted_at, {SRC_MOVE}, a.d::text COLLATE "C", a, NULL::text'  # noqa: S608
         " FROM artifacts_moveremoval m JOIN artifacts_artifact a ON a.id = m.artifact_id"
         " WHERE m.community_id = %s AND m.source = ANY(%s) AND m.accepted_at >= %s AND m.accepted_at <= %s"
     )
@@ -822,7 +822,7 @@ def _later_sql(
         " AND mb.joined_at >= %s AND mb.joined_at <= %s"
     )
     heads_of = (
-        "SELECT a.id, a.d FROM artifacts_artifact a WHERE a.community_id = g.community_id AND a.home = g.uuid"
+        "SELECT a.d, a AS art FROM artifacts_artifact a WHERE a.community_id = g.community_id AND a.home = g.uuid"
         " AND NOT a.deleted AND NOT a.retired"
     )
     if after is not None and after.src == SRC_GRANT:
@@ -843,13 +843,13 @@ def _later_sql(
     heads_of += f" ORDER BY a.d LIMIT {limit}"
     args += g_args
     grants = (
-        f"(SELECT g.joined_at, {SRC_GRANT}, (g.uuid::text || ' ' || h.d::text) COLLATE \"C\", h.id, NULL::text"  # noqa: S608
+        f"(SELECT g.joined_at, {SRC_GRANT}, (g.uuid::text || ' ' || h.d::text) COLLATE \"C\", h.art, NULL::text"  # noqa: S608
         f" FROM ({granted}) AS g CROSS JOIN LATERAL ({heads_of}) AS h ORDER BY 1, 3 LIMIT {limit})"
     )
 
     args += [community, actor.pubkey, lo, hi, channels, named, named, token_channels, token_channels]
     removals = (
-        f'(SELECT mb.removed_at, {SRC_REMOVAL}, c.uuid::text COLLATE "C", NULL::bigint, c.uuid::text'  # noqa: S608
+        f'(SELECT mb.removed_at, {SRC_REMOVAL}, c.uuid::text COLLATE "C", NULL::artifacts_artifact, c.uuid::text'  # noqa: S608
         " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
         " WHERE c.community_id = %s AND mb.pubkey = %s AND mb.removed_at >= %s AND mb.removed_at <= %s"
         " AND c.ttl_seconds IS NULL AND NOT (c.uuid = ANY(%s))"
@@ -862,11 +862,12 @@ def _later_sql(
     visible, vargs = current_where(actor, query, channels)
     args += vargs
     sql = (
-        f"WITH u AS ({heads} UNION ALL {moves} UNION ALL {grants} UNION ALL {removals})"  # noqa: S608
-        f" SELECT u.ts, u.src, u.ident, u.chan, a.d::text, CASE WHEN a.id IS NOT NULL AND {visible} THEN r.raw END"
-        " FROM u LEFT JOIN artifacts_artifact a ON a.id = u.aid"
+        f"WITH u AS ({heads} UNION ALL {moves} UNION ALL {grants} UNION ALL {removals}),"  # noqa: S608
+        f' p AS (SELECT * FROM u ORDER BY u.ts, u.src, u.ident COLLATE "C" LIMIT {limit})'
+        f" SELECT p.ts, p.src, p.ident, p.chan, a.d::text, CASE WHEN a.id IS NOT NULL AND {visible} THEN r.raw END"
+        " FROM p CROSS JOIN LATERAL (SELECT (p.art).*) AS a"
         " LEFT JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id"
-        f' ORDER BY u.ts, u.src, u.ident COLLATE "C" LIMIT {limit}'
+        ' ORDER BY p.ts, p.src, p.ident COLLATE "C"'
     )
     return sql, args
 
