@@ -66,6 +66,7 @@ from buzz.identity.communities import CommunityInfo
 from buzz.identity.httpauth import BEARER_REFUSED, AuthFailure
 from buzz.identity.tokens import BEARER_LOOKUP, bearer_actor, bearer_lookup
 from buzz.runtime import pipeline, runtime
+from buzz.sqlarrays import UuidArray
 
 VERSION: Final = 1
 OVERLAP_SECONDS: Final = 120
@@ -784,8 +785,11 @@ def _later_sql(
     lo = from_micros(since) - dt.timedelta(seconds=OVERLAP_SECONDS)
     hi = from_micros(run.start)
     community = actor.community.id
-    named = query.channels()
-    token_channels = None if actor.channels is None else sorted(uuid.UUID(c) for c in actor.channels)
+    # Arrays dumped in one pass each (buzz.sqlarrays): a later page sends eight of them.
+    listed = query.channels()
+    named = None if listed is None else UuidArray(listed)
+    token_channels = None if actor.channels is None else UuidArray(sorted(uuid.UUID(c) for c in actor.channels))
+    channels = UuidArray(channels)
     after = run.after
     limit = _limit(n)
     args: list[Any] = []

@@ -25,6 +25,7 @@ from artifacts.query import ArtifactQuery, QueryError
 from buzz.access.policy import NOT_A_MEMBER, Denied, reader_scope
 from buzz.identity.actor import Actor
 from buzz.runtime import pipeline, runtime
+from buzz.sqlarrays import UuidArray
 
 BUDGET_EXCEEDED: Final = "error: the query exceeded its execution budget; narrow it and try again"
 
@@ -55,14 +56,14 @@ def current_where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID])
     """The current view's WHERE over `artifacts_artifact a` joined to its head `r`: scope, then predicates.
     Sync's snapshot reads the same rows (artifacts.sync)."""
     where = ["a.community_id = %s", "a.home = ANY(%s)", "NOT a.deleted", "NOT a.retired"]
-    args: list[Any] = [actor.community.id, channels]
+    args: list[Any] = [actor.community.id, UuidArray(channels)]
     for name, values in query.predicates:
         if name == "h":
             continue  # the scope above is #h already
         column = _COLUMN_PREDICATES.get(name)
         if column == "a.d":
             where.append("a.d = ANY(%s)")
-            args.append(_uuids(values))
+            args.append(UuidArray(_uuids(values)))
         elif column is not None:
             where.append(f"{column} = ANY(%s)")
             args.append(list(values))
