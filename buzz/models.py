@@ -221,6 +221,11 @@ class Channel(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "uuid"], name="channel_uuid_unique")]
+        indexes = [
+            # A community's TTL channels, which every NIP-AR incremental page reads (they count for nothing
+            # there): from the TTL channels' own entries, not from every channel of the community.
+            models.Index(fields=["community"], condition=models.Q(ttl_seconds__isnull=False), name="channel_ttl"),
+        ]
         ordering = ["community", "name"]
 
     def __str__(self) -> str:

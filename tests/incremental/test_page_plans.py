@@ -264,3 +264,26 @@ def test_an_initial_pages_generic_plan_reads_a_page_on_never_analyzed_tables(fre
         prepared.close()
         fresh.conn.execute("RESET enable_sort")
     assert fresh.never_analyzed()
+
+
+def test_a_pages_head_reads_only_the_ttl_channels_on_never_analyzed_tables(fresh: Fresh) -> None:
+    """The head of every page (artifacts.incremental._HEAD_SQL) reads the community's TTL channels from their
+    own index entries (buzz_channel's channel_ttl): the fresh community has 1,001 channels, none of them TTL.
+    Without that index the plan read all of them and filtered them on ttl_seconds."""
+    fresh.fill()
+    assert fresh.never_analyzed(), "a fresh table has statistics"
+    community = fresh.actor.community.id
+    prepared = Prepared(fresh.conn)
+    prepared.prepare("head", incremental._HEAD_SQL, ["force_generic_plan", "on", community, community])
+    explained = prepared.explain("head")
+    assert "$1" in json.dumps(explained), "not a generic plan"
+    channels = [node for node in nodes(explained["Plan"]) if node.get("Relation Name") == "buzz_channel"]
+    assert channels, explained
+    for node in channels:
+        # The partial index (channel_ttl, named otherwise in the fresh schema): no TTL condition left to filter.
+        assert node["Node Type"] in ("Index Scan", "Bitmap Heap Scan", "Index Only Scan"), _brief(node)
+        assert "ttl_seconds" not in node.get("Filter", ""), _brief(node)
+        removed = node.get("Rows Removed by Filter", 0)
+        assert node["Actual Rows"] * node["Actual Loops"] + removed == 0, _brief(node)
+    prepared.close()
+    assert fresh.never_analyzed()
