@@ -51,7 +51,7 @@ from django.db import connection
 from psycopg import AsyncConnection
 
 from artifacts.query import ArtifactQuery, QueryError, parse_query
-from artifacts.selectors import HEAD_JOIN, current_where, reads_tag_index
+from artifacts.selectors import HEAD_JOIN, current_where, current_where_in, reads_tag_index
 from buzz.access.policy import (
     Denied,
     check_reader,
@@ -583,20 +583,27 @@ class Plans:
 # made without the parameters is the plan for every page: planned once, generically, not again for every
 # page, which cost more than running it (bench/incremental.py's later pages of 100 changes: 2.2-2.7 ms a
 # page statement with custom plans, 1.3-1.5 ms generic, in the same runs).
-# An initial page reads heads in change order. What suits its predicates is the planner's to choose (a few
-# named channels or ids: read them and sort; most of the community: walk `artifact_change_order` and stop
-# at the page's last row), except for a wide read (no #h: every readable channel the reader joined or can
-# list, usually most of the community's heads) with no predicate but type: it walks the change order,
-# planned once and generically, and may not sort. That is a page of heads read and joined, where the
-# planner without statistics took every readable head, joined them to their revisions and sorted them, on
-# every page; and planning it anew cost more than a page saved (bench/incremental.py's database, same runs:
-# 1.32 ms a page custom, 1.02 ms generic, 0.97 ms the hand-written statement).
-# tests/incremental/test_page_plans.py checks both generic plans on never-analyzed tables. A tag predicate
-# is a subquery per candidate, whose plan (a probe per row, or a hash of every artifact with the tag)
-# depends on how common the value is: planned for its parameters every time, initial or later.
+# An initial page with no predicate but type reads heads in change order from an index and stops at the
+# page's last row: over at most MERGED_CHANNELS channels, each channel's heads (artifact_home_changes),
+# merged; over more (a wide read: every readable channel the reader joined or can list, usually most of the
+# community), the community's (artifact_change_order), keeping the reader's. It is planned once, generically,
+# and may not sort: without statistics PostgreSQL took every readable head, joined them to their revisions
+# and sorted them, on every page (custom plans too), and planning it anew cost more than a page saved
+# (bench/incremental.py's database, same runs: 1.32 ms a page custom, 1.02 ms generic, 0.97 ms the
+# hand-written statement). A page naming more channels, or ids, is the planner's to choose (read them and
+# sort, or walk). tests/incremental/test_page_plans.py checks these generic plans on never-analyzed tables.
+# A tag predicate is a subquery per candidate, whose plan (a probe per row, or a hash of every artifact with
+# the tag) depends on how common the value is: planned for its parameters every time, initial or later.
 CUSTOM_PLANS: Final = Plans("force_custom_plan", sort=True)
 LATER_PLANS: Final = Plans("force_generic_plan", sort=True)
 WALK_PLANS: Final = Plans("force_generic_plan", sort=False)
+# The most channels whose heads an initial page reads channel by channel, merged (one index scan each).
+MERGED_CHANNELS: Final = 16
+
+
+def _walks(query: ArtifactQuery) -> bool:
+    """Do this query's initial pages read heads in change order from an index (no predicate but type)?"""
+    return all(name in ("h", "type") for name, _ in query.predicates)
 
 
 def _plans(query: ArtifactQuery, *, later: bool) -> Plans:
@@ -605,8 +612,10 @@ def _plans(query: ArtifactQuery, *, later: bool) -> Plans:
         return CUSTOM_PLANS
     if later:
         return LATER_PLANS
-    walks = query.channels() is None and all(name == "type" for name, _ in query.predicates)
-    return WALK_PLANS if walks else CUSTOM_PLANS
+    named = query.channels()
+    if _walks(query) and (named is None or len(named) <= MERGED_CHANNELS):
+        return WALK_PLANS
+    return CUSTOM_PLANS
 
 
 def _plans_for(request: Request) -> Plans:
@@ -765,18 +774,36 @@ def _limit(n: int) -> int:
 def _initial_sql(
     actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID], run: Pass, n: int
 ) -> tuple[str, list[Any]]:
-    where, args = current_where(actor, query, channels)
     limit = _limit(n)
-    args.append(from_micros(run.start))
+    at: list[Any] = [from_micros(run.start)]
     keyset = ""
     if run.after is not None:
         keyset = " AND (a.changed_at, a.d) > (%s, %s::uuid)"
-        args.extend([from_micros(run.after.ts), run.after.ident])
+        at.extend([from_micros(run.after.ts), run.after.ident])
+    if _walks(query) and len(channels) <= MERGED_CHANNELS:
+        # Each channel's heads in change order (artifact_home_changes), merged: a page reads about a page.
+        arms: list[str] = []
+        args: list[Any] = []
+        for channel in channels:
+            where, arm_args = current_where_in(actor, query, channel)
+            arms.append(
+                f"SELECT * FROM (SELECT a.changed_at, a.d, a.head_id, a.community_id FROM artifacts_artifact a"  # noqa: S608
+                f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT {limit}) AS c"
+            )
+            args += [*arm_args, *at]
+        sql = (
+            f"SELECT p.changed_at, {SRC_HEAD}, p.d::text, NULL::text, p.d::text, r.raw"  # noqa: S608
+            f" FROM ({' UNION ALL '.join(arms)} ORDER BY 1, 2 LIMIT {limit}) AS p"
+            " JOIN artifacts_revision r ON r.community_id = p.community_id AND r.id = p.head_id"
+            " ORDER BY p.changed_at, p.d"
+        )
+        return sql, args
+    where, args = current_where(actor, query, channels)
     sql = (
         f"SELECT a.changed_at, {SRC_HEAD}, a.d::text, NULL::text, a.d::text, r.raw FROM {HEAD_JOIN}"  # noqa: S608
         f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT {limit}"
     )
-    return sql, args
+    return sql, [*args, *at]
 
 
 def _later_sql(

@@ -60,8 +60,10 @@ class Artifact(models.Model):
         constraints = [models.UniqueConstraint(fields=["community", "d"], name="artifact_identity")]
         indexes = [
             models.Index(fields=["community", "home", "d"], name="artifact_home"),
-            # Incremental reads page head changes by (changed_at, d) (artifacts.incremental).
+            # Incremental reads page head changes by (changed_at, d) (artifacts.incremental): the community's,
             models.Index(fields=["community", "changed_at", "d"], name="artifact_change_order"),
+            # and a channel's, merged over a few channels on initial pages.
+            models.Index(fields=["community", "home", "changed_at", "d"], name="artifact_home_changes"),
             # Finds the artifact a revision heads (redaction), and backs the head's composite foreign key.
             models.Index(fields=["community", "head_id"], name="artifact_head"),
             # The exact lookup by d on the write path (tests/chat/test_hot_plans.py).

@@ -55,8 +55,18 @@ def reads_tag_index(query: ArtifactQuery) -> bool:
 def current_where(actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID]) -> tuple[str, list[Any]]:
     """The current view's WHERE over `artifacts_artifact a` joined to its head `r`: scope, then predicates.
     Sync's snapshot reads the same rows (artifacts.sync)."""
-    where = ["a.community_id = %s", "a.home = ANY(%s)", "NOT a.deleted", "NOT a.retired"]
-    args: list[Any] = [actor.community.id, UuidArray(channels)]
+    return _current_where(actor, query, "a.home = ANY(%s)", UuidArray(channels))
+
+
+def current_where_in(actor: Actor, query: ArtifactQuery, channel: uuid.UUID) -> tuple[str, list[Any]]:
+    """`current_where` over one channel, named as an equality (`a.home = %s`), which an index leading with
+    (community, home) can serve in the order of its next columns; `home = ANY(...)` can't promise that."""
+    return _current_where(actor, query, "a.home = %s", channel)
+
+
+def _current_where(actor: Actor, query: ArtifactQuery, home: str, scope: Any) -> tuple[str, list[Any]]:
+    where = ["a.community_id = %s", home, "NOT a.deleted", "NOT a.retired"]
+    args: list[Any] = [actor.community.id, scope]
     for name, values in query.predicates:
         if name == "h":
             continue  # the scope above is #h already

@@ -96,7 +96,9 @@ def _kind(text: str) -> tuple[bool, bool]:
 
 async def test_which_pages_are_planned_once(reader: tuple[Actor, Signer, uuid.UUID]) -> None:
     actor, alice, channel = reader
-    named = {"artifact": "current", "#h": [str(channel)], "#type": ["buzz.task"]}
+    # More channels named than an initial page merges (the others don't exist: they are left out of the scope).
+    more = [str(uuid.uuid4()) for _ in range(incremental.MERGED_CHANNELS)]
+    named = {"artifact": "current", "#h": [str(channel), *more], "#type": ["buzz.task"]}
     heads = set()
     try:
         for _ in range(ARTIFACTS):
@@ -111,7 +113,8 @@ async def test_which_pages_are_planned_once(reader: tuple[Actor, Signer, uuid.UU
                 # Later passes: every head changed in the window (and the reader's grant replays them).
                 assert (await _pass(actor, query, start[name]))[1] == heads
         statements = await _page_statements()
-        # Then passes naming the channel: the same statement texts as the wide read's pages.
+        # Then passes naming the channel and more: the same statement texts as the wide read's pages (one
+        # channel's heads, merged).
         checkpoint = (await _pass(actor, named))[0]
         for _ in range(PASSES):
             assert (await _pass(actor, named))[1] == heads
@@ -129,8 +132,8 @@ async def test_which_pages_are_planned_once(reader: tuple[Actor, Signer, uuid.UU
     # Without one, the wide read's initial pages and its later pages: generic plans only.
     plain = shapes[(False, False)] + shapes[(True, False)]
     assert all(generic > 0 and custom == 0 for generic, custom, _ in plain), [s[:2] for s in plain]
-    # Naming the channel: its initial pages are planned for their parameters (custom plans, and no more
-    # executions of the generic one); its later pages use the generic plan.
+    # Naming more channels than a page merges: its initial pages are planned for their parameters (custom
+    # plans, and no more executions of the generic one); its later pages use the generic plan.
     before = _counts(plain)
     initial = {text: counts for text, counts in _counts(after_named).items() if _kind(text) == (False, False)}
     assert sum(custom for _, custom in initial.values()) >= PASSES * ARTIFACTS, initial
@@ -224,13 +227,18 @@ def _initial_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
     ).fetchone()
     assert middle is not None
     at = incremental.Position(incremental.micros(middle[0]), incremental.SRC_HEAD, str(middle[1]))
+    small = uuid.UUID(_md5("ch1"))
     page = incremental.page_rows() + 1
     return {
         name: incremental._initial_sql(actor, query, scope, run, page)
         for name, scope, run in (
             ("first", channels, incremental.Pass(start=start, since=None, stamp=0)),
             ("continued", channels, incremental.Pass(start, None, 0, at)),
+            # At most MERGED_CHANNELS channels: each one's heads in change order, merged.
             ("one_channel", [fresh.channel], incremental.Pass(start, None, 0, at)),
+            ("two_channels", [fresh.channel, small], incremental.Pass(start, None, 0, at)),
+            # A channel with no heads, beside the big one: nothing of the big channel is read.
+            ("small_channel", [small], incremental.Pass(start=start, since=None, stamp=0)),
         )
     }
 
@@ -249,7 +257,7 @@ def test_an_initial_pages_generic_plan_reads_a_page_on_never_analyzed_tables(fre
         assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
         read: dict[str, int] = {}
         returned = explained["Plan"]["Actual Rows"]
-        assert returned == incremental.page_rows() + 1, (name, returned)
+        assert returned == (0 if name == "small_channel" else incremental.page_rows() + 1), (name, returned)
         for node in nodes(explained["Plan"]):
             relation = node.get("Relation Name")
             if relation is None:
@@ -260,6 +268,8 @@ def test_an_initial_pages_generic_plan_reads_a_page_on_never_analyzed_tables(fre
             read[relation] = read.get(relation, 0) + node["Actual Rows"] * node["Actual Loops"] + removed
         # A page: the heads in change order from the keyset on, each joined to its revision.
         assert read.get("artifacts_artifact", 0) <= incremental.page_rows() + 5, (name, read)
+        if name == "small_channel":
+            assert read.get("artifacts_artifact", 0) == 0, read
         assert read.get("artifacts_revision", 0) <= incremental.page_rows() + 5, (name, read)
         prepared.close()
         fresh.conn.execute("RESET enable_sort")
