@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from artifacts import incremental
+from artifacts.query import ArtifactQuery
 from buzz.events.ingest import ingest
 from buzz.identity.actor import Actor
 from buzz.nostr import Signer
@@ -150,13 +151,17 @@ async def test_which_pages_are_planned_once(reader: tuple[Actor, Signer, uuid.UU
 # window holds every head and a grant of every channel.
 
 
-def _later_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
-    actor = fresh.actor
+def _fresh_reader(fresh: Fresh) -> tuple[Actor, list[uuid.UUID], ArtifactQuery, int]:
+    """The fresh tables' reader, every channel it reads (sorted), the plain query and the database clock (µs)."""
     now = fresh.conn.execute("SELECT clock_timestamp()").fetchone()
     assert now is not None
     channels = sorted([fresh.channel, *(uuid.UUID(_md5(f"ch{i}")) for i in range(1, OTHER_CHANNELS + 1))])
     query = incremental.parse_request([{"artifact": "incremental", "query": PLAIN}]).query
-    start = incremental.micros(now[0])
+    return fresh.actor, channels, query, incremental.micros(now[0])
+
+
+def _later_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
+    actor, channels, query, start = _fresh_reader(fresh)
     since = start - 3600 * 1_000_000
     first = incremental.Pass(start=start, since=since, stamp=0)
     # A continuation inside the grants (in the replay of the big channel, after one of its artifacts) and one
@@ -215,12 +220,7 @@ def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_table
 
 
 def _initial_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
-    actor = fresh.actor
-    now = fresh.conn.execute("SELECT clock_timestamp()").fetchone()
-    assert now is not None
-    channels = sorted([fresh.channel, *(uuid.UUID(_md5(f"ch{i}")) for i in range(1, OTHER_CHANNELS + 1))])
-    query = incremental.parse_request([{"artifact": "incremental", "query": PLAIN}]).query
-    start = incremental.micros(now[0])
+    actor, channels, query, start = _fresh_reader(fresh)
     middle = fresh.conn.execute(
         "SELECT changed_at, d FROM artifacts_artifact ORDER BY changed_at, d OFFSET %s LIMIT 1",
         (test_hot_plans.ROWS // 8,),
