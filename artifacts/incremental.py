@@ -561,10 +561,9 @@ class Snapshot:
 # it bounds every later statement).
 _BUDGET_SQL: Final = "SELECT set_config('statement_timeout', %s, true)"
 # The pass's head, after the token's lookup and the scope (which keep the plans PostgreSQL chose for them):
-# the plans of the statements after it (plan_cache_mode and enable_sort), the database clock, the policy
-# stamp and the TTL channels.
+# the plan mode of the statements after it, the database clock, the policy stamp and the TTL channels.
 _HEAD_SQL: Final = (
-    "SELECT set_config('plan_cache_mode', %s, true) || set_config('enable_sort', %s, true), clock_timestamp(),"
+    "SELECT set_config('plan_cache_mode', %s, true), clock_timestamp(),"
     " (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s),"
     " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL)"
 )
@@ -572,7 +571,8 @@ _HEAD_SQL: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Plans:
-    """How a read's transaction plans its page statement: plan_cache_mode, and whether it may sort."""
+    """How a read's transaction plans its page statement: plan_cache_mode (set by the pass's head), and whether
+    the page statement may sort (`_NO_SORT_SQL` right before it)."""
 
     cache_mode: str
     sort: bool
@@ -646,8 +646,7 @@ async def _begin(
     await conn.execute(_BUDGET_SQL, (str(_statement_ms(deadline)),))
     token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
     scoped = await conn.execute(*wide_scope_statement(scope)) if scope is not None else None
-    sort = "on" if plans.sort else "off"
-    head = await conn.execute(_HEAD_SQL, (plans.cache_mode, sort, community_id, community_id))
+    head = await conn.execute(_HEAD_SQL, (plans.cache_mode, community_id, community_id))
     return head, token, scoped
 
 
@@ -701,9 +700,18 @@ async def _transaction(
             raise
 
 
-async def finish(snap: Snapshot, sql: str, args: list[Any]) -> list[Any]:
-    """The transaction's last statement and its COMMIT, in one round trip (a pipeline)."""
+# Sent right before a page statement planned without a sort (WALK_PLANS), in its round trip: enable_sort is
+# off for that statement only (COMMIT ends it), never for the access statements before it, whose plans the
+# pool's connections keep for everyone.
+_NO_SORT_SQL: Final = "SELECT set_config('enable_sort', 'off', true)"
+
+
+async def finish(snap: Snapshot, sql: str, args: list[Any], *, sort: bool = True) -> list[Any]:
+    """The transaction's last statement and its COMMIT, in one round trip (a pipeline); with `sort` False,
+    planned without a sort."""
     async with pipeline(snap.conn):
+        if not sort:
+            await snap.conn.execute(_NO_SORT_SQL)
         cursor = await snap.conn.execute(sql, args)  # type: ignore[arg-type]
         await snap.conn.execute("COMMIT")
     snap.finished = True
@@ -928,7 +936,8 @@ async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> s
     fast = await _continue_in_one_trip(who, request, deadline, n)
     if fast is not None:
         return _page(*fast, n)
-    async with _transaction(deadline, who, wide=request.query.channels() is None, plans=_plans_for(request)) as snap:
+    plans = _plans_for(request)
+    async with _transaction(deadline, who, wide=request.query.channels() is None, plans=plans) as snap:
         actor = snap.actor
         run = resume(actor, request, now=snap.now, stamp=snap.stamp)
         channels = await scope(snap, request.query)
@@ -937,11 +946,11 @@ async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> s
             rows: list[Any] = []
             if channels:
                 sql, args = _initial_sql(actor, request.query, channels, run, n + 1)
-                rows = await finish(snap, sql, args)
+                rows = await finish(snap, sql, args, sort=plans.sort)
         else:
             # With no readable channel there are no heads, grants or moves, but removals still count.
             sql, args = _later_sql(actor, request.query, channels, run, run.since, n + 1)
-            rows = await finish(snap, sql, args)
+            rows = await finish(snap, sql, args, sort=plans.sort)
     return _page(actor, request, run, rows, n)
 
 
@@ -1004,10 +1013,11 @@ async def _continue_in_one_trip(
     async with pool.connection() as conn:
         community_id = int(community.id)
         try:
+            plans = _plans(request.query, later=since is not None)
             async with pipeline(conn):
-                head, token, scoped = await _begin(
-                    conn, deadline, community_id, params, _plans(request.query, later=since is not None), known
-                )
+                head, token, scoped = await _begin(conn, deadline, community_id, params, plans, known)
+                if not plans.sort:
+                    await conn.execute(_NO_SORT_SQL)
                 page = await conn.execute(sql, args)  # type: ignore[arg-type]
                 await conn.execute("COMMIT")
             row = await head.fetchone()
