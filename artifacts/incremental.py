@@ -706,14 +706,21 @@ async def _transaction(
 _NO_SORT_SQL: Final = "SELECT set_config('enable_sort', 'off', true)"
 
 
+async def _send_last(conn: AsyncConnection[Any], sql: str, args: list[Any], *, sort: bool) -> psycopg.AsyncCursor[Any]:
+    """Inside a pipeline: the transaction's last statement (with `sort` False, planned without a sort) and
+    its COMMIT. Returns the statement's cursor; nothing is read yet."""
+    if not sort:
+        await conn.execute(_NO_SORT_SQL)
+    cursor = await conn.execute(sql, args)  # type: ignore[arg-type]
+    await conn.execute("COMMIT")
+    return cursor
+
+
 async def finish(snap: Snapshot, sql: str, args: list[Any], *, sort: bool = True) -> list[Any]:
     """The transaction's last statement and its COMMIT, in one round trip (a pipeline); with `sort` False,
     planned without a sort."""
     async with pipeline(snap.conn):
-        if not sort:
-            await snap.conn.execute(_NO_SORT_SQL)
-        cursor = await snap.conn.execute(sql, args)  # type: ignore[arg-type]
-        await snap.conn.execute("COMMIT")
+        cursor = await _send_last(snap.conn, sql, args, sort=sort)
     snap.finished = True
     return await cursor.fetchall()
 
@@ -1016,10 +1023,7 @@ async def _continue_in_one_trip(
             plans = _plans(request.query, later=since is not None)
             async with pipeline(conn):
                 head, token, scoped = await _begin(conn, deadline, community_id, params, plans, known)
-                if not plans.sort:
-                    await conn.execute(_NO_SORT_SQL)
-                page = await conn.execute(sql, args)  # type: ignore[arg-type]
-                await conn.execute("COMMIT")
+                page = await _send_last(conn, sql, args, sort=plans.sort)
             row = await head.fetchone()
             token_row = await token.fetchone() if token is not None else None
             scope_row = await scoped.fetchone() if scoped is not None else None

@@ -187,6 +187,21 @@ def _later_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
     }
 
 
+def _scans(explained: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan's nodes that read a table."""
+    return [node for node in nodes(explained["Plan"]) if node.get("Relation Name") is not None]
+
+
+def _rows_read(explained: dict[str, Any]) -> dict[str, int]:
+    """Rows each table's scans returned or filtered away, over all their loops."""
+    read: dict[str, int] = {}
+    for node in _scans(explained):
+        removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
+        relation = node["Relation Name"]
+        read[relation] = read.get(relation, 0) + node["Actual Rows"] * node["Actual Loops"] + removed
+    return read
+
+
 def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_tables(fresh: Fresh) -> None:
     fresh.fill()
     assert fresh.never_analyzed(), "a fresh table has statistics"
@@ -195,14 +210,9 @@ def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_table
         prepared.prepare(f"later_{name}", statement, args)
         explained = prepared.explain(f"later_{name}")
         assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
-        read: dict[str, int] = {}
-        for node in nodes(explained["Plan"]):
-            relation = node.get("Relation Name")
-            if relation is None:
-                continue
-            assert node["Node Type"] != "Seq Scan" or relation == "buzz_channel", f"{name}: {_brief(node)}"
-            removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
-            read[relation] = read.get(relation, 0) + node["Actual Rows"] * node["Actual Loops"] + removed
+        for node in _scans(explained):
+            assert node["Node Type"] != "Seq Scan" or node["Relation Name"] == "buzz_channel", f"{name}: {_brief(node)}"
+        read = _rows_read(explained)
         # A page of the grants' replay reads a page of the big channel from its index, not the whole channel
         # sorted; the heads and the page's joins read a page.
         assert read.get("artifacts_artifact", 0) <= 3 * incremental.page_rows() + 10, (name, read)
@@ -258,17 +268,12 @@ def test_an_initial_pages_generic_plan_reads_a_page_on_never_analyzed_tables(fre
         prepared.prepare(f"initial_{name}", statement, args)
         explained = prepared.explain(f"initial_{name}")
         assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
-        read: dict[str, int] = {}
         returned = explained["Plan"]["Actual Rows"]
         assert returned == (0 if name == "small_channel" else incremental.page_rows() + 1), (name, returned)
-        for node in nodes(explained["Plan"]):
-            relation = node.get("Relation Name")
-            if relation is None:
-                continue
+        for node in _scans(explained):
             assert node["Node Type"] != "Seq Scan", f"{name}: {_brief(node)}"
             assert "Parallel" not in node["Node Type"], f"{name}: {_brief(node)}"
-            removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
-            read[relation] = read.get(relation, 0) + node["Actual Rows"] * node["Actual Loops"] + removed
+        read = _rows_read(explained)
         # A page: the heads in change order from the keyset on, each joined to its revision.
         assert read.get("artifacts_artifact", 0) <= incremental.page_rows() + 5, (name, read)
         if name == "small_channel":
