@@ -231,13 +231,26 @@ async def load_access_many(
     conn: AsyncConnection[Any] | None = None,
 ) -> dict[uuid.UUID, ChannelAccess]:
     """The facts about the actor and each channel, in one round trip."""
-    params = access_params(actor, channels, owner=owner)
+    sql, params = access_statement(actor, channels, owner=owner)
     if conn is None:
         pool = await runtime.pool()
         async with pool.connection() as own:
-            rows = await (await own.execute(_ACCESS_SQL, params)).fetchall()
+            rows = await (await own.execute(sql, params)).fetchall()
     else:
-        rows = await (await conn.execute(_ACCESS_SQL, params)).fetchall()
+        rows = await (await conn.execute(sql, params)).fetchall()
+    return access_of(rows)
+
+
+def access_statement(
+    actor: Actor, channels: Sequence[uuid.UUID], *, owner: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The statement of `load_access_many` and its parameters: a caller may send it with statements of its
+    own (in one pipeline) and read its rows with `access_of`."""
+    return _ACCESS_SQL, access_params(actor, channels, owner=owner)
+
+
+def access_of(rows: Sequence[Sequence[Any]]) -> dict[uuid.UUID, ChannelAccess]:
+    """Each channel's facts from the rows of `access_statement`."""
     return dict(access_from_row(row) for row in rows)
 
 
@@ -396,13 +409,26 @@ async def check_reader(actor: Actor, *, conn: AsyncConnection[Any] | None = None
     """
     if not has_scope(actor, SCOPE_READ):
         return Decision.deny(f"restricted: this token lacks the {SCOPE_READ} scope")
-    params = _actor_params(actor)
+    sql, params = reader_standing_statement(actor)
     if conn is None:
         pool = await runtime.pool()
         async with pool.connection() as own:
-            row = await (await own.execute(_STANDING_SQL, params)).fetchone()
+            row = await (await own.execute(sql, params)).fetchone()
     else:
-        row = await (await conn.execute(_STANDING_SQL, params)).fetchone()
+        row = await (await conn.execute(sql, params)).fetchone()
+    return reader_standing_of(actor, row)
+
+
+def reader_standing_statement(actor: Actor) -> tuple[str, dict[str, Any]]:
+    """The statement of `check_reader` and its parameters: a caller may send it with statements of its own
+    (in one pipeline) and decide on its row with `reader_standing_of`."""
+    return _STANDING_SQL, _actor_params(actor)
+
+
+def reader_standing_of(actor: Actor, row: Sequence[Any] | None) -> Decision:
+    """`check_reader`'s decision on a row of `reader_standing_statement(actor)`."""
+    if not has_scope(actor, SCOPE_READ):
+        return Decision.deny(f"restricted: this token lacks the {SCOPE_READ} scope")
     if row is None or not row[2]:
         return Decision.deny(TOKEN_INVALID)
     if not row[0]:
@@ -447,15 +473,10 @@ def wide_scope_statement(actor: Actor) -> tuple[str, dict[str, Any]]:
 
 def wide_scope_of(actor: Actor, row: Sequence[Any] | None) -> list[uuid.UUID]:
     """The scope from a row of `wide_scope_statement(actor)`: Denied as check_reader decides it."""
-    if not has_scope(actor, SCOPE_READ):
-        raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
-    if row is None or not row[2]:
-        raise Denied(TOKEN_INVALID)
-    if not row[0]:
-        raise Denied(NOT_ADMITTED)
-    if row[1]:
-        raise Denied(BANNED)
-    return sorted(c for c in row[3] if token_covers(actor, c))
+    standing = reader_standing_of(actor, row)
+    if not standing.ok:
+        raise Denied(standing.reason)
+    return sorted(c for c in (row[3] if row is not None else ()) if token_covers(actor, c))
 
 
 async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any]) -> list[uuid.UUID]:
