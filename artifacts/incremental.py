@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import hashlib
@@ -54,10 +55,11 @@ from artifacts.query import ArtifactQuery, QueryError, parse_query
 from artifacts.selectors import HEAD_JOIN, current_where, current_where_in, reads_tag_index
 from buzz.access.policy import (
     Denied,
-    check_reader,
+    access_of,
+    access_statement,
     decide_read,
-    load_access_many,
-    wide_scope,
+    reader_standing_of,
+    reader_standing_statement,
     wide_scope_of,
     wide_scope_statement,
 )
@@ -546,6 +548,15 @@ def _remember_holder(key: tuple[int, str], actor: Actor) -> None:
         _HOLDERS.popitem(last=False)
 
 
+@dataclass(frozen=True, slots=True)
+class ScopeRows:
+    """What a read's scope statements returned (`_send_scope`): the policy's wide scope row for a read without
+    #h; with #h the reader's standing row and the named channels' facts (None when #h names none)."""
+
+    row: Any
+    facts: list[Any] | None = None
+
+
 @dataclass(slots=True)
 class Snapshot:
     conn: AsyncConnection[Any]
@@ -553,7 +564,7 @@ class Snapshot:
     stamp: int  # the community's policy stamp
     ttl: frozenset[uuid.UUID]  # the community's TTL channels
     actor: Actor  # who reads (a Bearer credential's holder, checked in this transaction)
-    wide: tuple[Any] | None = None  # the wide scope's row (no #h), when the first round trip read it
+    scope_rows: ScopeRows | None = None  # the scope statements' rows, when the first round trip read them
     finished: bool = False  # committed by `finish`
 
 
@@ -561,12 +572,17 @@ class Snapshot:
 # it bounds every later statement).
 _BUDGET_SQL: Final = "SELECT set_config('statement_timeout', %s, true)"
 # The pass's head, after the token's lookup and the scope (which keep the plans PostgreSQL chose for them):
-# the plan mode of the statements after it, the database clock, the policy stamp and the TTL channels.
+# the plan mode of the statements after it, the database clock, the policy stamp and the TTL channels. The
+# clock is also kept for the rest of the transaction as buzz.pass_start (SET LOCAL), where a first page's
+# statement sent in the same round trip reads it as its start (_HEAD_CLOCK_SQL): the same instant as the
+# clock returned here (a timestamptz's text reads back exactly in the same session).
 _HEAD_SQL: Final = (
-    "SELECT set_config('plan_cache_mode', %s, true), clock_timestamp(),"
+    "SELECT set_config('plan_cache_mode', %s, true), c.t,"
     " (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s),"
-    " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL)"
+    " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL),"
+    " set_config('buzz.pass_start', c.t::text, true) FROM (SELECT clock_timestamp() AS t) AS c"
 )
+_HEAD_CLOCK_SQL: Final = "current_setting('buzz.pass_start')::timestamptz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,37 +645,69 @@ def _plans_for(request: Request) -> Plans:
     return _plans(request.query, later=later)
 
 
+ScopeCursors = tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None]
+
+
+async def _send_scope(conn: AsyncConnection[Any], reader: Actor, named: list[uuid.UUID] | None) -> ScopeCursors:
+    """Inside a pipeline: the policy's statements that decide what `reader` reads (buzz.access.policy): for a
+    read without #h its wide scope; with #h the reader's standing and the facts of each named channel.
+    Nothing is read yet (`_fetch_scope`)."""
+    if named is None:
+        return await conn.execute(*wide_scope_statement(reader)), None
+    standing = await conn.execute(*reader_standing_statement(reader))
+    facts = await conn.execute(*access_statement(reader, named)) if named else None
+    return standing, facts
+
+
+async def _fetch_scope(cursors: ScopeCursors) -> ScopeRows:
+    row = await cursors[0].fetchone()
+    return ScopeRows(row, await cursors[1].fetchall() if cursors[1] is not None else None)
+
+
+def _scope_of(actor: Actor, query: ArtifactQuery, rows: ScopeRows, ttl: frozenset[uuid.UUID]) -> list[uuid.UUID]:
+    """`scope` decided on its statements' rows (see `scope`)."""
+    named = query.channels()
+    if named is None:
+        return sorted(c for c in wide_scope_of(actor, rows.row) if c not in ttl)
+    standing = reader_standing_of(actor, rows.row)
+    if not standing.ok:
+        raise Denied(standing.reason)
+    facts = access_of(rows.facts or [])
+    return sorted(c for c in named if c not in ttl and decide_read(actor, c, facts[c]).ok)
+
+
 async def _begin(
     conn: AsyncConnection[Any],
     deadline: float,
     community_id: int,
     params: dict[str, Any] | None,
     plans: Plans,
-    scope: Actor | None,
-) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None, psycopg.AsyncCursor[Any] | None]:
-    """Inside a pipeline: BEGIN and the statement budget, for a bearer token its lookup, for `scope` the
-    policy's wide scope of that reader, and the pass's head (the plans of what follows, the database clock,
-    the policy stamp, the TTL channels). Returns the head's, the token's and the scope's cursors; nothing is
-    read yet. The token and the scope run before the plan mode is set: their plans are PostgreSQL's choice,
-    generic once it has made five, rather than made again for every page (about 0.1-0.2 ms of a page)."""
+    scope: tuple[Actor, list[uuid.UUID] | None] | None,
+) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None, ScopeCursors | None]:
+    """Inside a pipeline: BEGIN and the statement budget, for a bearer token its lookup, for `scope` (a reader
+    and the channels #h names, or None) that reader's scope statements (`_send_scope`), and the pass's head
+    (the plans of what follows, the database clock, the policy stamp, the TTL channels). Returns the head's,
+    the token's and the scope's cursors; nothing is read yet. The token and the scope run before the plan
+    mode is set: their plans are PostgreSQL's choice, generic once it has made five, rather than made again
+    for every page (about 0.1-0.2 ms of a page)."""
     await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
     await conn.execute(_BUDGET_SQL, (str(_statement_ms(deadline)),))
     token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
-    scoped = await conn.execute(*wide_scope_statement(scope)) if scope is not None else None
+    scoped = await _send_scope(conn, *scope) if scope is not None else None
     head = await conn.execute(_HEAD_SQL, (plans.cache_mode, community_id, community_id))
     return head, token, scoped
 
 
 @contextlib.asynccontextmanager
 async def _transaction(
-    deadline: float, who: Actor | Bearer, *, wide: bool = False, plans: Plans = CUSTOM_PLANS
+    deadline: float, who: Actor | Bearer, query: ArtifactQuery, *, plans: Plans = CUSTOM_PLANS
 ) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
     policy stamp, the TTL channels and, for a Bearer credential, the token and its holder's admission
     read: one round trip (a pipeline; the pool's connections are autocommit, so BEGIN is sent with them).
-    With `wide` (a read without #h) and a reader known before the round trip (an Actor, or a token whose
-    holder this process has seen), the policy's wide scope is read in it too. Commit is sent with the
-    last statement (`finish`). Raises AuthFailure for a token it doesn't accept, Denied."""
+    With a reader known before the round trip (an Actor, or a token whose holder this process has seen),
+    the policy's statements of the query's scope are read in it too (`_send_scope`). Commit is sent with
+    the last statement (`finish`). Raises AuthFailure for a token it doesn't accept, Denied."""
     community = who.community
     params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
     if isinstance(who, Bearer) and params is None:
@@ -675,7 +723,8 @@ async def _transaction(
         community_id = int(community.id)
         try:
             async with pipeline(conn):
-                head, token, scoped = await _begin(conn, deadline, community_id, params, plans, known if wide else None)
+                scope_of = (known, query.channels()) if known is not None else None
+                head, token, scoped = await _begin(conn, deadline, community_id, params, plans, scope_of)
             row = await head.fetchone()
             if row is None:
                 raise unavailable("the database did not answer; retry", "database")
@@ -685,10 +734,10 @@ async def _transaction(
             if key is not None:
                 _remember_holder(key, actor)
             snap = Snapshot(conn, row[1], int(row[2] or 0), frozenset(row[3]), actor)
-            # The scope statement's parameters are the same for `known` and for `actor` when the holder is;
-            # `scope` reads its row with the token's fresh scopes and channels, after the token checks.
+            # The scope statements' parameters are the same for `known` and for `actor` when the holder is;
+            # `scope` decides on their rows with the token's fresh scopes and channels, after the token checks.
             if scoped is not None and known is not None and (known.pubkey, known.token_id) == holder_of(actor):
-                snap.wide = (await scoped.fetchone(),)
+                snap.scope_rows = await _fetch_scope(scoped)
             yield snap
             if not snap.finished:
                 await conn.execute("COMMIT")
@@ -733,23 +782,12 @@ async def scope(snap: Snapshot, query: ArtifactQuery) -> list[uuid.UUID]:
     removal can still report it (removeChannel) and the answer is the same for missing channels.
     TTL channels contribute nothing. Raises Denied for the reader's standing (ban, admission, token).
     """
-    actor, conn, ttl = snap.actor, snap.conn, snap.ttl
-    named = query.channels()
-    if named is None:
-        if snap.wide is not None:
-            wide = wide_scope_of(actor, snap.wide[0])
-        else:
-            wide = await wide_scope(actor, conn=conn)
-        return sorted(c for c in wide if c not in ttl)
-    standing = await check_reader(actor, conn=conn)
-    if not standing.ok:
-        raise Denied(standing.reason)
-    if named:
-        facts = await load_access_many(actor, named, conn=conn)
-        readable = [c for c in named if decide_read(actor, c, facts[c]).ok]
-    else:
-        readable = []
-    return sorted(c for c in readable if c not in ttl)
+    if snap.scope_rows is None:
+        # The reader was not known before the first round trip (a token this process has not seen): one more.
+        async with pipeline(snap.conn):
+            cursors = await _send_scope(snap.conn, snap.actor, query.channels())
+        snap.scope_rows = await _fetch_scope(cursors)
+    return _scope_of(snap.actor, query, snap.scope_rows, snap.ttl)
 
 
 def _upsert(d: uuid.UUID | str, raw: str) -> str:
@@ -786,11 +824,17 @@ def _limit(n: int) -> int:
     return n
 
 
+def _start(run: Pass, start_sql: bool) -> tuple[str, list[Any]]:
+    """The pass's start in a page statement: a parameter, or with `start_sql` (a first page sent in the round
+    trip that reads the clock) the head's buzz.pass_start."""
+    return (_HEAD_CLOCK_SQL, []) if start_sql else ("%s", [from_micros(run.start)])
+
+
 def _initial_sql(
-    actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID], run: Pass, n: int
+    actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID], run: Pass, n: int, *, start_sql: bool = False
 ) -> tuple[str, list[Any]]:
     limit = _limit(n)
-    at: list[Any] = [from_micros(run.start)]
+    upto, at = _start(run, start_sql)
     keyset = ""
     if run.after is not None:
         keyset = " AND (a.changed_at, a.d) > (%s, %s::uuid)"
@@ -803,7 +847,7 @@ def _initial_sql(
             where, arm_args = current_where_in(actor, query, channel)
             arms.append(
                 f"SELECT * FROM (SELECT a.changed_at, a.d, a.head_id, a.community_id FROM artifacts_artifact a"  # noqa: S608
-                f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT {limit}) AS c"
+                f" WHERE {where} AND a.changed_at <= {upto}{keyset} ORDER BY a.changed_at, a.d LIMIT {limit}) AS c"
             )
             args += [*arm_args, *at]
         sql = (
@@ -816,16 +860,23 @@ def _initial_sql(
     where, args = current_where(actor, query, channels)
     sql = (
         f"SELECT a.changed_at, {SRC_HEAD}, a.d::text, NULL::text, a.d::text, r.raw FROM {HEAD_JOIN}"  # noqa: S608
-        f" WHERE {where} AND a.changed_at <= %s{keyset} ORDER BY a.changed_at, a.d LIMIT {limit}"
+        f" WHERE {where} AND a.changed_at <= {upto}{keyset} ORDER BY a.changed_at, a.d LIMIT {limit}"
     )
     return sql, [*args, *at]
 
 
 def _later_sql(
-    actor: Actor, query: ArtifactQuery, channels: list[uuid.UUID], run: Pass, since: int, n: int
+    actor: Actor,
+    query: ArtifactQuery,
+    channels: list[uuid.UUID],
+    run: Pass,
+    since: int,
+    n: int,
+    *,
+    start_sql: bool = False,
 ) -> tuple[str, list[Any]]:
     lo = from_micros(since) - dt.timedelta(seconds=OVERLAP_SECONDS)
-    hi = from_micros(run.start)
+    upto, hi = _start(run, start_sql)
     community = actor.community.id
     # Arrays dumped in one pass each (buzz.sqlarrays): a later page sends eight of them.
     listed = query.channels()
@@ -836,11 +887,11 @@ def _later_sql(
     limit = _limit(n)
     args: list[Any] = []
 
-    args += [community, channels, lo, hi]
+    args += [community, channels, lo, *hi]
     heads = (
         f'(SELECT a.changed_at AS ts, {SRC_HEAD} AS src, a.d::text COLLATE "C" AS ident, a AS art,'  # noqa: S608
         " NULL::text AS chan FROM artifacts_artifact a"
-        " WHERE a.community_id = %s AND a.home = ANY(%s) AND a.changed_at >= %s AND a.changed_at <= %s"
+        f" WHERE a.community_id = %s AND a.home = ANY(%s) AND a.changed_at >= %s AND a.changed_at <= {upto}"
     )
     if after is not None and after.src == SRC_HEAD:
         heads += " AND (a.changed_at, a.d) > (%s, %s::uuid)"
@@ -849,23 +900,23 @@ def _later_sql(
         heads += _after("a.changed_at", "", SRC_HEAD, after, args)
     heads += f" ORDER BY a.changed_at, a.d LIMIT {limit})"
 
-    args += [community, channels, lo, hi]
+    args += [community, channels, lo, *hi]
     moves = (
         f'(SELECT m.accepted_at, {SRC_MOVE}, a.d::text COLLATE "C", a, NULL::text'  # noqa: S608
         " FROM artifacts_moveremoval m JOIN artifacts_artifact a ON a.id = m.artifact_id"
-        " WHERE m.community_id = %s AND m.source = ANY(%s) AND m.accepted_at >= %s AND m.accepted_at <= %s"
+        f" WHERE m.community_id = %s AND m.source = ANY(%s) AND m.accepted_at >= %s AND m.accepted_at <= {upto}"
     )
     moves += _after("m.accepted_at", 'a.d::text COLLATE "C"', SRC_MOVE, after, args)
     moves += f" ORDER BY 1, 3 LIMIT {limit})"
 
-    args += [community, actor.pubkey, channels, lo, hi]
+    args += [community, actor.pubkey, channels, lo, *hi]
     # Each granted channel's live heads in d order from its index (artifact_home), so a page of a grant's
     # replay reads a page of the channel, not the whole channel sorted. Ordered by (joined_at, channel, d):
     # the identity "channel d" compares as that triple (fixed-length UUID texts).
     granted = (
-        "SELECT mb.joined_at, c.uuid, c.community_id FROM buzz_membership mb JOIN buzz_channel c"
+        "SELECT mb.joined_at, c.uuid, c.community_id FROM buzz_membership mb JOIN buzz_channel c"  # noqa: S608
         " ON c.id = mb.channel_id WHERE c.community_id = %s AND mb.pubkey = %s AND c.uuid = ANY(%s)"
-        " AND mb.joined_at >= %s AND mb.joined_at <= %s"
+        f" AND mb.joined_at >= %s AND mb.joined_at <= {upto}"
     )
     heads_of = (
         "SELECT a.d, a AS art FROM artifacts_artifact a WHERE a.community_id = g.community_id AND a.home = g.uuid"
@@ -893,11 +944,11 @@ def _later_sql(
         f" FROM ({granted}) AS g CROSS JOIN LATERAL ({heads_of}) AS h ORDER BY 1, 3 LIMIT {limit})"
     )
 
-    args += [community, actor.pubkey, lo, hi, channels, named, named, token_channels, token_channels]
+    args += [community, actor.pubkey, lo, *hi, channels, named, named, token_channels, token_channels]
     removals = (
         f'(SELECT mb.removed_at, {SRC_REMOVAL}, c.uuid::text COLLATE "C", NULL::artifacts_artifact, c.uuid::text'  # noqa: S608
         " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
-        " WHERE c.community_id = %s AND mb.pubkey = %s AND mb.removed_at >= %s AND mb.removed_at <= %s"
+        f" WHERE c.community_id = %s AND mb.pubkey = %s AND mb.removed_at >= %s AND mb.removed_at <= {upto}"
         " AND c.ttl_seconds IS NULL AND NOT (c.uuid = ANY(%s))"
         " AND (%s::uuid[] IS NULL OR c.uuid = ANY(%s::uuid[]))"
         " AND (%s::uuid[] IS NULL OR c.uuid = ANY(%s::uuid[]))"
@@ -940,11 +991,11 @@ def _entry(src: int, chan: str | None, d: str | None, raw: str | None) -> str | 
 async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> str:
     """One page of a pass: the response body. Raises IncrementalError, Denied, AuthFailure."""
     n = page_rows()
-    fast = await _continue_in_one_trip(who, request, deadline, n)
+    fast = await _page_in_one_trip(who, request, deadline, n)
     if fast is not None:
         return _page(*fast, n)
     plans = _plans_for(request)
-    async with _transaction(deadline, who, wide=request.query.channels() is None, plans=plans) as snap:
+    async with _transaction(deadline, who, request.query, plans=plans) as snap:
         actor = snap.actor
         run = resume(actor, request, now=snap.now, stamp=snap.stamp)
         channels = await scope(snap, request.query)
@@ -962,9 +1013,10 @@ async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> s
 
 
 # (community, reader digest, query digest) -> the channels the reader's last page of this query covered
-# (permanent, sorted). A continuation whose reader is known sends its page statement with them in its
-# first round trip (`_continue_in_one_trip`); the answer is used only when the scope read in the same
-# snapshot is the same, else the page is read again. Never a permission: a guess that is checked.
+# (permanent, sorted). A page whose reader is known (a continuation, or the first page of a pass) sends its
+# page statement with them in its first round trip (`_page_in_one_trip`); the answer is used only when the
+# scope read in the same snapshot is the same, else the page is read again. Never a permission: a guess
+# that is checked.
 _SCOPES: Final[OrderedDict[tuple[int, str, str], list[uuid.UUID]]] = OrderedDict()
 _SCOPES_MAX: Final = 4096
 
@@ -981,17 +1033,18 @@ def _remember_scope(actor: Actor, request: Request, channels: list[uuid.UUID]) -
         _SCOPES.popitem(last=False)
 
 
-async def _continue_in_one_trip(
+async def _page_in_one_trip(
     who: Actor | Bearer, request: Request, deadline: float, n: int
 ) -> tuple[Actor, Request, Pass, list[Any]] | None:
-    """A continuation (cursor) of a read without #h in one round trip: BEGIN, the settings, clock, stamp and
-    TTL channels, the token, the wide scope, the page statement over the scope of the reader's last page,
-    and COMMIT, in one pipeline, all in one snapshot. Then every check runs as `read_page` runs it, in its
-    order (the token, the cursor against the clock and the policy stamp, the reader's standing), and the
-    page is the answer only when the reader, the pass and the scope are the ones the statement was built
-    for. None: not such a request, or a guess that didn't hold (`read_page` reads it the usual way)."""
-    if request.cursor is None or request.query.channels() is not None:
-        return None
+    """A page in one round trip, when its reader is known (an Actor, or a token whose holder this process has
+    seen) and so is the scope of the reader's last page of this query: BEGIN, the settings, clock, stamp and
+    TTL channels, the token, the scope statements, the page statement over the remembered scope, and
+    COMMIT, in one pipeline, all in one snapshot. A continuation's page is planned from its cursor; a first
+    page (an initial or a later pass) from the request, with the pass's start left to the database clock
+    read in the same round trip (_HEAD_CLOCK_SQL). Then every check runs as `read_page` runs it, in its
+    order (the token, the pass against the clock and the policy stamp, the reader's standing), and the page
+    is the answer only when the reader, the pass and the scope are the ones the statement was built for.
+    None: not such a request, or a guess that didn't hold (`read_page` reads it the usual way)."""
     community = who.community
     params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
     known: Actor | None = who if isinstance(who, Actor) else None
@@ -1004,36 +1057,44 @@ async def _continue_in_one_trip(
     guess = _SCOPES.get(_scope_key(known, request))
     if not guess:
         return None
+    first = request.cursor is None
     try:
-        payload = open_token("cursor", request.cursor)
-        start, stamp = _int(payload, "s"), _int(payload, "p")
-        # The cursor's own clock and stamp: `resume` checks them against the database's below.
-        planned = resume(known, request, now=from_micros(start), stamp=stamp)
+        if request.cursor is not None:
+            payload = open_token("cursor", request.cursor)
+            # The cursor's own clock and stamp: `resume` checks them against the database's below.
+            planned = resume(known, request, now=from_micros(_int(payload, "s")), stamp=_int(payload, "p"))
+        else:
+            # The stamp the checkpoint carries (an initial pass takes the database's) and this process's clock:
+            # `resume` checks the pass against the database's below.
+            stamp = _int(open_token("checkpoint", request.checkpoint), "p") if request.checkpoint is not None else 0
+            planned = resume(known, request, now=dt.datetime.now(dt.UTC), stamp=stamp)
     except IncrementalError:
         return None  # `read_page` answers it, after the token check
     since = planned.since
     if since is None:
-        sql, args = _initial_sql(known, request.query, guess, planned, n + 1)
+        sql, args = _initial_sql(known, request.query, guess, planned, n + 1, start_sql=first)
     else:
-        sql, args = _later_sql(known, request.query, guess, planned, since, n + 1)
+        sql, args = _later_sql(known, request.query, guess, planned, since, n + 1, start_sql=first)
     pool = await runtime.pool()
     async with pool.connection() as conn:
         community_id = int(community.id)
         try:
             plans = _plans(request.query, later=since is not None)
             async with pipeline(conn):
-                head, token, scoped = await _begin(conn, deadline, community_id, params, plans, known)
+                head, token, scoped = await _begin(
+                    conn, deadline, community_id, params, plans, (known, request.query.channels())
+                )
                 page = await _send_last(conn, sql, args, sort=plans.sort)
             row = await head.fetchone()
             token_row = await token.fetchone() if token is not None else None
-            scope_row = await scoped.fetchone() if scoped is not None else None
+            scope_rows = await _fetch_scope(scoped) if scoped is not None else None
             rows = await page.fetchall()
         except BaseException:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.ACTIVE:
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute("ROLLBACK")
             raise
-    if row is None:
+    if row is None or scope_rows is None:
         raise unavailable("the database did not answer; retry", "database")
     actor = bearer_actor(community, token_row) if params is not None else who
     if not isinstance(actor, Actor):
@@ -1042,10 +1103,12 @@ async def _continue_in_one_trip(
         _remember_holder((int(community.id), str(params["hash"])), actor)
     now, ttl = row[1], frozenset(row[3])
     run = resume(actor, request, now=now, stamp=int(row[2] or 0))
-    channels = sorted(c for c in wide_scope_of(actor, scope_row) if c not in ttl)
+    channels = _scope_of(actor, request.query, scope_rows, ttl)
     _remember_scope(actor, request, channels)
     same_reader = (actor.pubkey, actor.token_id, actor.channels) == (known.pubkey, known.token_id, known.channels)
-    if not same_reader or channels != guess or run != planned:
+    # A first page's statement read up to the database clock of this round trip: its start is the pass's.
+    expected = dataclasses.replace(planned, start=run.start, stamp=run.stamp) if first else planned
+    if not same_reader or channels != guess or run != expected:
         return None
     return actor, request, run, rows
 
@@ -1090,7 +1153,7 @@ async def read_current(who: Actor | Bearer, request: Request, deadline: float) -
     ids = request.ids or ()
     parsed = [canonical_uuid(v) for v in ids]
     wanted = [p for p in parsed if p is not None]
-    async with _transaction(deadline, who, wide=request.query.channels() is None) as snap:
+    async with _transaction(deadline, who, request.query) as snap:
         now, actor = snap.now, snap.actor
         channels = await scope(snap, request.query)
         found: dict[uuid.UUID, str] = {}

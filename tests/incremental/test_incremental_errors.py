@@ -307,7 +307,7 @@ async def test_a_continuation_past_its_statement_budget_is_503_and_cancelled_on_
     world: World, relay_factory: Any
 ) -> None:
     # A continuation of a reader the relay knows is read in one round trip
-    # (artifacts.incremental._continue_in_one_trip) under the same 2 s statement budget: past it, 503
+    # (artifacts.incremental._page_in_one_trip) under the same 2 s statement budget: past it, 503
     # statement_budget, its statement is cancelled on the server, and the same cursor reads the page once
     # the table is free.
     relay = relay_factory(**env(BUZZ_INCREMENTAL_PAGE_ROWS="1"))

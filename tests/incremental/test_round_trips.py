@@ -27,16 +27,25 @@ WARMUP = 6
 DEADLINE_S = 8.0
 
 PINNED = {
-    # BEGIN, the settings, clock, stamp and TTL channels, the token and its holder's admission, and the
-    # policy's wide scope (its holder known from an earlier request) in one pipeline; the page with COMMIT.
-    "bearer page": 2,
-    "actor page": 2,
-    # A continuation: all of that, the page over the scope of the reader's last page, and COMMIT, in one
-    # pipeline (the page is used because the scope read with it is the same).
+    # The first page of a pass whose reader and scope this process knows from the reader's last page of the
+    # query: BEGIN, the settings, clock, stamp and TTL channels, the token and its holder's admission, the
+    # policy's scope statements, the page over the remembered scope (up to the clock read with it) and
+    # COMMIT, in one pipeline (the page is used because the scope read with it is the same).
+    "bearer page": 1,
+    "actor page": 1,
+    # A continuation: the same, its page planned from its cursor.
     "bearer continuation": 1,
     "actor continuation": 1,
     # The first request of a token: its holder is not known yet, so the scope is a round trip of its own.
     "bearer first page": 3,
+    # With #h: the reader's standing and the named channels' facts are the scope statements. The first #h
+    # page of a known holder: its scope is not remembered yet, so the page is a round trip of its own.
+    "#h first page": 2,
+    "#h page": 1,
+    "#h continuation": 1,
+    # The first page of a later pass (a checkpoint), for each reader.
+    "bearer later page": 1,
+    "#h later page": 1,
 }
 
 
@@ -72,51 +81,86 @@ async def test_round_trips_per_incremental_page(desk: tuple[Community, Signer, u
     ids = await three_artifacts(writer, alice, channel)
     info = community_info(community)
     request = incremental.parse_request([{"artifact": "incremental", "query": {"artifact": "current"}}])
+    named = incremental.parse_request(
+        [{"artifact": "incremental", "query": {"artifact": "current", "#h": [str(channel)]}}]
+    )
     incremental._HOLDERS.clear()
     incremental._SCOPES.clear()
     got: dict[str, int] = {}
     async with Harness.open() as h:
         loop_time = asyncio.get_running_loop().time
         bearer = incremental.Bearer(info, f"Bearer {token}")
-        trips, _, body = await h.measure(incremental.read_page(bearer, request, loop_time() + DEADLINE_S))
-        got["bearer first page"] = trips.total
+
+        async def page(label: str, who: Any, req: incremental.Request, i: int) -> dict[str, Any]:
+            trips, _, body = await h.measure(incremental.read_page(who, req, loop_time() + DEADLINE_S))
+            assert trips.prepares == 0 or i < WARMUP, trips
+            got[label] = trips.total
+            return dict(json.loads(body))
+
+        async def full_pass(label: str, who: Any, req: incremental.Request, i: int) -> str:
+            """A pass of two pages over the three artifacts; its checkpoint."""
+            first = await page(f"{label}page", who, req, i)
+            assert len(first["changes"]) == 2 and first["nextCursor"], first
+            more = incremental.Request(query=req.query, digest=req.digest, cursor=first["nextCursor"])
+            rest = await page(f"{label}continuation", who, more, i)
+            assert rest["nextCursor"] is None and rest["checkpoint"], rest
+            assert {c["event"]["id"] for c in first["changes"] + rest["changes"]} == ids
+            return str(rest["checkpoint"])
+
+        await page("bearer first page", bearer, request, 0)
+        await page("#h first page", bearer, named, 0)
         for i in range(WARMUP + 1):
-            for name, who in (("bearer", bearer), ("actor", writer)):
-                trips, _, body = await h.measure(incremental.read_page(who, request, loop_time() + DEADLINE_S))
-                first = json.loads(body)
-                assert trips.prepares == 0 or i < WARMUP, trips
-                got[f"{name} page"] = trips.total
-                assert len(first["changes"]) == 2 and first["nextCursor"], first
-                more = incremental.Request(query=request.query, digest=request.digest, cursor=first["nextCursor"])
-                trips, _, body = await h.measure(incremental.read_page(who, more, loop_time() + DEADLINE_S))
-                rest = json.loads(body)
-                assert trips.prepares == 0 or i < WARMUP, trips
-                got[f"{name} continuation"] = trips.total
-                assert rest["nextCursor"] is None and rest["checkpoint"], rest
-                assert {c["event"]["id"] for c in first["changes"] + rest["changes"]} == ids
+            checkpoint = await full_pass("bearer ", bearer, request, i)
+            await full_pass("actor ", writer, request, i)
+            named_checkpoint = await full_pass("#h ", bearer, named, i)
+            # A later pass right after: the three heads are in its window (start - 120 s), its first page two.
+            for label, req, saved in (("bearer ", request, checkpoint), ("#h ", named, named_checkpoint)):
+                later = incremental.Request(query=req.query, digest=req.digest, checkpoint=saved)
+                body = await page(f"{label}later page", bearer, later, i)
+                assert len(body["changes"]) == 2 and body["nextCursor"], body
+                assert {c["event"]["id"] for c in body["changes"]} <= ids, body
     assert got == PINNED, f"{got}, pinned {PINNED}"
 
 
-async def test_a_continuation_whose_scope_guess_is_wrong_is_read_again(
-    desk: tuple[Community, Signer, uuid.UUID, str],
+@pytest.mark.parametrize("named", [False, True], ids=["wide", "#h"])
+@pytest.mark.parametrize("which", ["continuation", "later first page"])
+async def test_a_page_whose_scope_guess_is_wrong_is_read_again(
+    desk: tuple[Community, Signer, uuid.UUID, str], named: bool, which: str
 ) -> None:
     community, alice, channel, token = desk
     writer = actor_of(community, alice)
     ids = await three_artifacts(writer, alice, channel)
     info = community_info(community)
-    request = incremental.parse_request([{"artifact": "incremental", "query": {"artifact": "current"}}])
+    query: dict[str, Any] = {"artifact": "current", **({"#h": [str(channel)]} if named else {})}
+    request = incremental.parse_request([{"artifact": "incremental", "query": query}])
     incremental._SCOPES.clear()
     async with Harness.open() as h:
         loop_time = asyncio.get_running_loop().time
         bearer = incremental.Bearer(info, f"Bearer {token}")
         first = json.loads(await incremental.read_page(bearer, request, loop_time() + DEADLINE_S))
         more = incremental.Request(query=request.query, digest=request.digest, cursor=first["nextCursor"])
+        if which == "later first page":
+            rest = json.loads(await incremental.read_page(bearer, more, loop_time() + DEADLINE_S))
+            more = incremental.Request(query=request.query, digest=request.digest, checkpoint=rest["checkpoint"])
         # Another channel than the reader's: the page read with it is not the answer.
         for key in list(incremental._SCOPES):
             incremental._SCOPES[key] = [uuid.uuid4()]
         trips, _, body = await h.measure(incremental.read_page(bearer, more, loop_time() + DEADLINE_S))
-        rest = json.loads(body)
+        page = json.loads(body)
         assert trips.total > 1, trips
-        assert {c["event"]["id"] for c in first["changes"] + rest["changes"]} == ids
-        assert rest["checkpoint"] and rest["nextCursor"] is None
+        if which == "continuation":
+            assert {c["event"]["id"] for c in first["changes"] + page["changes"]} == ids
+            assert page["checkpoint"] and page["nextCursor"] is None
         assert list(incremental._SCOPES.values()) == [[channel]]  # the guess is the fresh scope again
+        if which == "later first page":
+            # The later window holds the three heads (and the channel's grant, seconds old): the same changes as a
+            # read with nothing remembered, and as one with the right guess (one round trip).
+            incremental._SCOPES.clear()
+            fresh = json.loads(await incremental.read_page(bearer, more, loop_time() + DEADLINE_S))
+            trips, _, body = await h.measure(incremental.read_page(bearer, more, loop_time() + DEADLINE_S))
+            guessed = json.loads(body)
+            assert trips.total == 1, trips
+            assert len(page["changes"]) == 2 and page["nextCursor"], page
+            assert page["changes"] == fresh["changes"] == guessed["changes"]
+            assert {c["event"]["id"] for c in page["changes"]} <= ids
+            assert first["startedAt"] < page["startedAt"] < fresh["startedAt"] < guessed["startedAt"]
