@@ -182,10 +182,23 @@ def _later_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
         start, since, 0, incremental.Position(since, incremental.SRC_HEAD, str(uuid.UUID(int=0)))
     )
     page = incremental.page_rows() + 1
+    _keep_pass_start(fresh, start)
     return {
-        name: incremental._later_sql(actor, query, channels, run, since, page)
-        for name, run in (("first", first), ("in_grants", in_grants), ("in_heads", in_heads))
+        name: incremental._later_sql(actor, query, channels, run, since, page, start_sql=name.endswith("one_trip"))
+        for name, run in (
+            ("first", first),
+            ("in_grants", in_grants),
+            ("in_heads", in_heads),
+            # A first page sent in the round trip that reads the clock: up to the head's buzz.pass_start.
+            ("first_in_one_trip", first),
+        )
     }
+
+
+def _keep_pass_start(fresh: Fresh, start: int) -> None:
+    """The pass's start as the head keeps it for a first page sent with it (artifacts.incremental._HEAD_SQL),
+    here for the test connection's session: the explained statements run in transactions of their own."""
+    fresh.conn.execute("SELECT set_config('buzz.pass_start', %s::text, false)", (incremental.from_micros(start),))
 
 
 def _scans(explained: dict[str, Any]) -> list[dict[str, Any]]:
@@ -243,10 +256,14 @@ def _initial_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
     at = incremental.Position(incremental.micros(middle[0]), incremental.SRC_HEAD, str(middle[1]))
     small = uuid.UUID(_md5("ch1"))
     page = incremental.page_rows() + 1
+    _keep_pass_start(fresh, start)
     return {
-        name: incremental._initial_sql(actor, query, scope, run, page)
+        name: incremental._initial_sql(actor, query, scope, run, page, start_sql=name.endswith("one_trip"))
         for name, scope, run in (
             ("first", channels, incremental.Pass(start=start, since=None, stamp=0)),
+            # First pages sent in the round trip that reads the clock: up to the head's buzz.pass_start.
+            ("first_in_one_trip", channels, incremental.Pass(start=start, since=None, stamp=0)),
+            ("one_channel_in_one_trip", [fresh.channel], incremental.Pass(start=start, since=None, stamp=0)),
             ("continued", channels, incremental.Pass(start, None, 0, at)),
             # At most MERGED_CHANNELS channels: each one's heads in change order, merged.
             ("one_channel", [fresh.channel], incremental.Pass(start, None, 0, at)),
