@@ -13,8 +13,11 @@ import uuid
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from artifacts import incremental
+from buzz.access.policy import BANNED, Denied
+from buzz.chat import bans
 from buzz.events.ingest import ingest
 from buzz.identity.actor import Actor
 from buzz.models import Community
@@ -164,3 +167,33 @@ async def test_a_page_whose_scope_guess_is_wrong_is_read_again(
             assert page["changes"] == fresh["changes"] == guessed["changes"]
             assert {c["event"]["id"] for c in page["changes"]} <= ids
             assert first["startedAt"] < page["startedAt"] < fresh["startedAt"] < guessed["startedAt"]
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["wide", "#h"])
+async def test_a_first_page_in_one_round_trip_refuses_a_reader_banned_since(
+    desk: tuple[Community, Signer, uuid.UUID, str], named: bool
+) -> None:
+    """A reader banned after a pass starts a new one: the first page, read in one round trip over the scope
+    remembered from the last pass, is refused as the usual read refuses it, and returns nothing."""
+    community, alice, channel, token = desk
+    await three_artifacts(actor_of(community, alice), alice, channel)
+    info = community_info(community)
+    query: dict[str, Any] = {"artifact": "current", **({"#h": [str(channel)]} if named else {})}
+    request = incremental.parse_request([{"artifact": "incremental", "query": query}])
+    incremental._SCOPES.clear()
+    async with Harness.open() as h:
+        loop_time = asyncio.get_running_loop().time
+        bearer = incremental.Bearer(info, f"Bearer {token}")
+        await incremental.read_page(bearer, request, loop_time() + DEADLINE_S)  # the holder and scope are known
+        await sync_to_async(bans.ban_add)(community=community, pubkey=alice.pubkey)
+        refusals = []
+        for remembered in (True, False):
+            if not remembered:
+                incremental._SCOPES.clear()
+            with pytest.raises(Denied) as refused:
+                async with h.tracer.window() as trips:
+                    await incremental.read_page(bearer, request, loop_time() + DEADLINE_S)
+            # With the scope remembered the page and its refusal are one round trip; without it, the usual read.
+            assert (trips.total == 1) == remembered, trips
+            refusals.append(refused.value.reason)
+    assert refusals[0] == refusals[1] == BANNED
