@@ -125,21 +125,26 @@ async def test_round_trips_per_incremental_page(desk: tuple[Community, Signer, u
     assert got == PINNED, f"{got}, pinned {PINNED}"
 
 
+def _reading(desk: tuple[Community, Signer, uuid.UUID, str], named: bool) -> tuple[incremental.Request, Any]:
+    """A pass's first request (wide, or #h naming the desk's channel) and the desk token's credential, with
+    nothing remembered of any reader's scope."""
+    community, _, channel, token = desk
+    query: dict[str, Any] = {"artifact": "current", **({"#h": [str(channel)]} if named else {})}
+    incremental._SCOPES.clear()
+    request = incremental.parse_request([{"artifact": "incremental", "query": query}])
+    return request, incremental.Bearer(community_info(community), f"Bearer {token}")
+
+
 @pytest.mark.parametrize("named", [False, True], ids=["wide", "#h"])
 @pytest.mark.parametrize("which", ["continuation", "later first page"])
 async def test_a_page_whose_scope_guess_is_wrong_is_read_again(
     desk: tuple[Community, Signer, uuid.UUID, str], named: bool, which: str
 ) -> None:
-    community, alice, channel, token = desk
-    writer = actor_of(community, alice)
-    ids = await three_artifacts(writer, alice, channel)
-    info = community_info(community)
-    query: dict[str, Any] = {"artifact": "current", **({"#h": [str(channel)]} if named else {})}
-    request = incremental.parse_request([{"artifact": "incremental", "query": query}])
-    incremental._SCOPES.clear()
+    community, alice, channel, _ = desk
+    ids = await three_artifacts(actor_of(community, alice), alice, channel)
+    request, bearer = _reading(desk, named)
     async with Harness.open() as h:
         loop_time = asyncio.get_running_loop().time
-        bearer = incremental.Bearer(info, f"Bearer {token}")
         first = json.loads(await incremental.read_page(bearer, request, loop_time() + DEADLINE_S))
         more = incremental.Request(query=request.query, digest=request.digest, cursor=first["nextCursor"])
         if which == "later first page":
@@ -175,15 +180,11 @@ async def test_a_first_page_in_one_round_trip_refuses_a_reader_banned_since(
 ) -> None:
     """A reader banned after a pass starts a new one: the first page, read in one round trip over the scope
     remembered from the last pass, is refused as the usual read refuses it, and returns nothing."""
-    community, alice, channel, token = desk
+    community, alice, channel, _ = desk
     await three_artifacts(actor_of(community, alice), alice, channel)
-    info = community_info(community)
-    query: dict[str, Any] = {"artifact": "current", **({"#h": [str(channel)]} if named else {})}
-    request = incremental.parse_request([{"artifact": "incremental", "query": query}])
-    incremental._SCOPES.clear()
+    request, bearer = _reading(desk, named)
     async with Harness.open() as h:
         loop_time = asyncio.get_running_loop().time
-        bearer = incremental.Bearer(info, f"Bearer {token}")
         await incremental.read_page(bearer, request, loop_time() + DEADLINE_S)  # the holder and scope are known
         await sync_to_async(bans.ban_add)(community=community, pubkey=alice.pubkey)
         refusals = []
