@@ -539,6 +539,17 @@ def holder_of(actor: Actor) -> tuple[str, int | None]:
     return actor.pubkey, actor.token_id
 
 
+def _known_reader(who: Actor | Bearer, params: dict[str, Any] | None) -> Actor | None:
+    """The reader before any statement runs: an Actor as it is, a token's holder when this process has seen the
+    token (`params`, its lookup's; its scopes and liveness are read fresh in the round trip), else None."""
+    if params is None:
+        return who if isinstance(who, Actor) else None
+    holder = _holder((int(who.community.id), str(params["hash"])))
+    if holder is None:
+        return None
+    return Actor(community=who.community, pubkey=holder[1], token_id=holder[0], channels=holder[2])
+
+
 def _remember_holder(key: tuple[int, str], actor: Actor) -> None:
     if actor.token_id is None:
         return
@@ -713,11 +724,7 @@ async def _transaction(
     if isinstance(who, Bearer) and params is None:
         raise AuthFailure(BEARER_REFUSED)  # no token of ours: no statement needed
     key = (int(community.id), str(params["hash"])) if params is not None else None
-    known: Actor | None = who if isinstance(who, Actor) else None
-    if key is not None:
-        holder = _holder(key)
-        if holder is not None:
-            known = Actor(community=community, pubkey=holder[1], token_id=holder[0], channels=holder[2])
+    known = _known_reader(who, params)
     pool = await runtime.pool()
     async with pool.connection() as conn:
         community_id = int(community.id)
@@ -1047,11 +1054,7 @@ async def _page_in_one_trip(
     None: not such a request, or a guess that didn't hold (`read_page` reads it the usual way)."""
     community = who.community
     params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
-    known: Actor | None = who if isinstance(who, Actor) else None
-    if params is not None:
-        holder = _holder((int(community.id), str(params["hash"])))
-        if holder is not None:
-            known = Actor(community=community, pubkey=holder[1], token_id=holder[0], channels=holder[2])
+    known = _known_reader(who, params)
     if known is None:
         return None
     guess = _SCOPES.get(_scope_key(known, request))
@@ -1103,12 +1106,13 @@ async def _page_in_one_trip(
         _remember_holder((int(community.id), str(params["hash"])), actor)
     now, ttl = row[1], frozenset(row[3])
     run = resume(actor, request, now=now, stamp=int(row[2] or 0))
+    if (actor.pubkey, actor.token_id, actor.channels) != (known.pubkey, known.token_id, known.channels):
+        return None  # the scope statements were another reader's: decide nothing on them
     channels = _scope_of(actor, request.query, scope_rows, ttl)
     _remember_scope(actor, request, channels)
-    same_reader = (actor.pubkey, actor.token_id, actor.channels) == (known.pubkey, known.token_id, known.channels)
     # A first page's statement read up to the database clock of this round trip: its start is the pass's.
     expected = dataclasses.replace(planned, start=run.start, stamp=run.stamp) if first else planned
-    if not same_reader or channels != guess or run != expected:
+    if channels != guess or run != expected:
         return None
     return actor, request, run, rows
 
