@@ -24,8 +24,16 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
     session: Session | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # Channels' own loop (await_many_dispatch) wraps every receive() in a task of its own and waits on
+        # it with asyncio.wait, to serve a channel layer beside the client; the relay has no channel layer
+        # (buzz.live.hub delivers live events), so frames are received and dispatched in this task.
+        self.scope = scope
+        self.base_send = send
         try:
-            await super().__call__(scope, receive, send)
+            while True:
+                await self.dispatch(await receive())
+        except StopConsumer:
+            pass
         finally:
             # However the connection's handler ends (a disconnect, a crash, a cancelled task), its
             # subscriptions leave the hub: a dead connection must not keep a channel topic alive.
