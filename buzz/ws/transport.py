@@ -1,7 +1,7 @@
 """The relay's WebSocket transport: uvicorn's sans-I/O protocol, made to let go of a client that stops reading.
 
 Served as uvicorn's `ws` class (`--ws buzz.ws.transport:RelayWebSocketProtocol`; buzz.dev.serve
-and the test relays pass it). Two changes to uvicorn's protocol:
+and the test relays pass it). Three changes to uvicorn's protocol:
 
 * Closing ends the connection within a bound. uvicorn closes a transport with `close()`, which
   waits for the send buffer to drain; for a client that stopped reading it never drains, so the
@@ -12,6 +12,7 @@ and the test relays pass it). Two changes to uvicorn's protocol:
   and frees the socket and its buffers at once).
 * A text frame that is not UTF-8 is closed with 1007 and one log line, not a traceback: any
   client can send one before AUTH.
+* Reading pauses when more than `READ_AHEAD` frames wait for the app, not after every frame.
 
 And one addition, the ASGI extension `SEND_MANY` in the scope's "extensions": a "websocket.send"
 message may carry a list of texts under `FRAMES` instead of one "text". Each becomes a text frame of
@@ -44,6 +45,11 @@ log = logging.getLogger("buzz.ws.transport")
 # drain before the transport is aborted. A reading client drains it in milliseconds.
 CLOSE_DEADLINE = 10.0
 CLOSE_INVALID_DATA = 1007  # RFC 6455: a text frame that is not UTF-8
+# Text frames that may wait for the app before reading pauses. uvicorn pauses after every frame and resumes
+# when the app takes it: two epoll_ctl calls per frame for a client that sends one frame and awaits its
+# answer, the common case. Here it pauses when more than READ_AHEAD frames wait (each within --ws-max-size;
+# frames parsed from one read are queued whole, as with uvicorn).
+READ_AHEAD = 1
 
 WS_PROTOCOL = f"{__name__}:RelayWebSocketProtocol"
 # The scope extension that says this server takes `FRAMES` (a list of texts) in one "websocket.send".
@@ -171,7 +177,7 @@ class RelayWebSocketProtocol(WebSocketsSansIOProtocol):
             self._arm_abort()
             return
         self.queue.put_nowait({"type": "websocket.receive", "text": text})
-        if not self.read_paused:
-            # One frame at a time, as uvicorn does: reading resumes once the app takes it.
+        if not self.read_paused and self.queue.qsize() > READ_AHEAD:
+            # The app is behind: reading resumes once it has taken every waiting frame (uvicorn's receive()).
             self.read_paused = True
             self.transport.pause_reading()
