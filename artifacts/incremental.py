@@ -67,6 +67,7 @@ from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
 from buzz.identity.httpauth import BEARER_REFUSED, AuthFailure
 from buzz.identity.tokens import BEARER_LOOKUP, bearer_actor, bearer_lookup
+from buzz.nostr import strictjson
 from buzz.runtime import pipeline, runtime
 from buzz.sqlarrays import UuidArray
 
@@ -183,6 +184,15 @@ def looks_incremental(body: bytes) -> bool:
         return False
     filters = decoded if isinstance(decoded, list) else [decoded]
     return any(isinstance(f, dict) and f.get("artifact") == "incremental" for f in filters)
+
+
+def decode_body(body: bytes) -> Any:
+    """An incremental request's body (one `looks_incremental` accepts). Raises IncrementalError (400): an
+    object that names a key twice is refused (buzz.nostr.strictjson)."""
+    try:
+        return strictjson.loads(body)
+    except strictjson.DuplicateKey as err:
+        raise invalid(str(err)) from None
 
 
 def query_digest(raw: dict[str, Any]) -> str:

@@ -8,7 +8,6 @@ an overrun, a pool timeout or a database failure is an `error:` reason with 503.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
@@ -20,6 +19,7 @@ from artifacts.query import QUERY_LIMITS, ArtifactQuery, QueryError, parse_query
 from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.identity.httpauth import authenticate, bearer_header
+from buzz.nostr import strictjson
 from buzz.web.errors import error_response, json_failures, status_of
 from buzz.web.views import community_of
 
@@ -54,7 +54,9 @@ async def _within_budget(request: HttpRequest, read: Callable[[Actor, ArtifactQu
             body = request.body
             actor = await authenticate(request, community_of(request), body)
             try:
-                decoded = json.loads(body)
+                decoded = strictjson.loads(body)
+            except strictjson.DuplicateKey as err:
+                raise QueryError(err.reason) from None
             except (ValueError, RecursionError):
                 # RecursionError: nesting deeper than the decoder recurses is no filter either.
                 raise QueryError("invalid: body is not JSON") from None
@@ -145,7 +147,7 @@ async def _incremental(request: HttpRequest) -> HttpResponse:
         body = request.body
         community = community_of(request)
         try:
-            parsed = incremental.parse_request(json.loads(body))
+            parsed = incremental.parse_request(incremental.decode_body(body))
         except incremental.IncrementalError:
             async with incremental.statement(deadline):
                 await authenticate(request, community, body)  # a credential's refusal comes first

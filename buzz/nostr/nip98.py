@@ -5,10 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Final
 
+from . import strictjson
 from .event import ProtocolError, parse_event, verify_event
 from .url import normalize_url
 
@@ -88,8 +88,8 @@ def verify_http_auth(
 
     raw = _decode_token(token)
     try:
-        obj: object = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        obj: object = strictjson.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise _fail("Authorization token is not a JSON event") from None
     try:
         ev = parse_event(obj)

@@ -7,7 +7,6 @@ a database or Redis failure is an `error:` reason with 503, never Django's HTML 
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Any
@@ -21,6 +20,7 @@ from buzz.errors import Refused
 from buzz.events.ingest import event_id_of, ingest
 from buzz.identity.actor import Actor
 from buzz.identity.httpauth import authenticate
+from buzz.nostr import strictjson
 from buzz.web.errors import error_response, json_failures, refusal_response, status_of
 from buzz.web.views import community_of
 
@@ -52,8 +52,11 @@ async def post_event(request: HttpRequest) -> JsonResponse:
     body = request.body
     if len(body) > MAX_BODY:
         return _write_reply("", False, f"invalid: body larger than {MAX_BODY} bytes", 413)
+    refusal = "invalid: body is not JSON"
     try:
-        raw = json.loads(body)
+        raw = strictjson.loads(body)
+    except strictjson.DuplicateKey as err:
+        raw, refusal = None, err.reason
     except (ValueError, RecursionError):
         # RecursionError: nesting deeper than the decoder recurses (100,000 `[`) is not JSON we read.
         raw = None
@@ -62,7 +65,7 @@ async def post_event(request: HttpRequest) -> JsonResponse:
     except Refused as err:
         return _write_reply(event_id_of(raw), False, err.reason, status_of(err.reason))
     if raw is None:
-        return _write_reply("", False, "invalid: body is not JSON", 400)
+        return _write_reply("", False, refusal, 400)
     event_id, result = await ingest(actor, raw)
     return _write_reply(event_id, result.ok, result.message, 200 if result.ok else status_of(result.message))
 

@@ -6,10 +6,10 @@ Every malformed frame becomes a FrameError that carries the exact reply to send
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from buzz.nostr import strictjson
 from buzz.nostr.filters import Filter, FilterError, parse_filter
 
 
@@ -83,7 +83,9 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
     if size > limits.max_message_length:
         raise notice(f"invalid: message is {size} bytes, the limit is {limits.max_message_length}")
     try:
-        value = json.loads(text)
+        value = strictjson.loads(text)
+    except strictjson.DuplicateKey as err:
+        raise notice(err.reason) from None
     except (ValueError, RecursionError):
         raise notice("invalid: message is not valid JSON") from None
     if not isinstance(value, list) or not value:

@@ -115,6 +115,17 @@ def test_hostile_predicates_are_invalid(env: Env, path: str) -> None:
     assert_invalid(post(env, path, b"\xff\xfe[]"), path, "not JSON")
 
 
+@pytest.mark.parametrize("path", ["/query", "/count", "/events"])
+def test_an_object_that_names_a_key_twice_is_invalid(env: Env, path: str) -> None:
+    # json.loads keeps the last value: {"#status": ["open"], "#status": ["done"]} would be one predicate.
+    if path == "/events":
+        event = env.w.sign_event(kind=9, tags=[["h", env.channel]], content="once").to_dict()
+        body = json.dumps(event)[:-1] + ', "content": "twice"}'
+    else:
+        body = f'[{{"artifact": "current", "#h": ["{env.channel}"], "#status": ["open"], "#status": ["done"]}}]'
+    assert_invalid(post(env, path, body.encode()), path, "duplicate key", "status" if path != "/events" else "content")
+
+
 def test_a_hostile_thread_root_is_invalid(env: Env) -> None:
     for root in ("%00", "%00" * 64, "x" * 64, "A" * 64):
         path = f"/api/channels/{env.channel}/threads/{root}"

@@ -104,6 +104,9 @@ async def test_invalid_requests_are_400_incremental_invalid(
         json.dumps([{"artifact": "incremental", "query": QUERY}, {"artifact": "current"}]).encode(),  # two filters
         json.dumps({"artifact": "incremental", "query": QUERY}).encode(),  # not in an array
         b'[{"artifact": "\\u0069ncremental", "query": {"artifact": "current"}, "extra": 1}]',  # the word escaped
+        # A key named twice: json.loads would keep the last (another query, or a cursor read as a first page).
+        b'[{"artifact": "incremental", "query": {"artifact": "current", "#x": ["a"], "#x": ["b"]}}]',
+        b'[{"artifact": "incremental", "query": {"artifact": "current"}, "cursor": "c", "cursor": null}]',
     ],
 )
 async def test_a_malformed_incremental_body_is_answered_as_an_incremental_read(

@@ -155,3 +155,15 @@ def test_event_auth_close_count_frames() -> None:
     assert parse_frame(json.dumps(["AUTH", {"a": 1}]), LIMITS) == AuthFrame({"a": 1})
     assert parse_frame(json.dumps(["CLOSE", "s"]), LIMITS) == CloseFrame("s")
     assert isinstance(parse_frame(json.dumps(["COUNT", "c", {"kinds": [9]}]), LIMITS), CountFrame)
+
+
+def test_an_object_that_names_a_key_twice_is_refused_not_read_one_way() -> None:
+    # json.loads would keep the last value: a narrower filter, or an event other software reads otherwise.
+    for text in (
+        '["REQ", "s", {"#h": ["a"], "#h": ["b"]}]',
+        '["REQ", "s", {"artifact": "current", "#h": ["a"], "#type": ["x"], "#type": ["y"]}]',
+        '["EVENT", {"id": "x", "content": "a", "content": "b"}]',
+        '["COUNT", "c", {"kinds": [9], "kinds": [1]}]',
+    ):
+        reply = reply_of(text)
+        assert reply[0] == "NOTICE" and reply[1].startswith("invalid: duplicate key"), (text, reply)
