@@ -196,7 +196,7 @@ async def cmd_ensure(args: argparse.Namespace, out: TextIO) -> int:
 
 async def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
     keys = _keys(args.key_file)
-    heads = await httpapi.head(args.relay, keys, list(args.d))
+    heads = await httpapi.head(args.relay, keys, list(args.d), channels=args.channel)
     missing = [d for d in args.d if d not in heads]
     for d in args.d:
         if d in heads:
@@ -352,6 +352,12 @@ def parser() -> argparse.ArgumentParser:
     )
     relay_args(p)
     p.add_argument("--d", required=True, action="append", metavar="D", help="artifact id; repeatable")
+    p.add_argument(
+        "--channel",
+        action="append",
+        metavar="H",
+        help="read in this channel (#h; repeatable): needed for an unlisted open channel this key has not joined",
+    )
     p.add_argument("--json", action="store_true", help="print each head event as JSON")
 
     p = commands.add_parser(

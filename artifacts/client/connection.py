@@ -306,8 +306,11 @@ class Relay:
     async def query(self, flt: dict[str, Any], *, timeout: float = httpapi.DEFAULT_TIMEOUT) -> list[Event]:
         return await httpapi.query(self.url, self._keys(), flt, timeout=timeout)
 
-    async def head(self, ds: Sequence[str], *, timeout: float = httpapi.DEFAULT_TIMEOUT) -> dict[str, Event]:
-        return await httpapi.head(self.url, self._keys(), list(ds), timeout=timeout)
+    async def head(
+        self, ds: Sequence[str], *, channels: Sequence[str] | None = None, timeout: float = httpapi.DEFAULT_TIMEOUT
+    ) -> dict[str, Event]:
+        chosen = list(channels) if channels is not None else None
+        return await httpapi.head(self.url, self._keys(), list(ds), channels=chosen, timeout=timeout)
 
     async def information(self, *, timeout: float = httpapi.DEFAULT_TIMEOUT) -> dict[str, Any]:
         return await httpapi.information(self.url, timeout=timeout)

@@ -4,7 +4,8 @@
    an accepted event: duplicate, when that create is still the head (read to make sure: an
    identical create, same second and content, may have been accepted, then deleted or
    edited; then step 2 goes on from the head).
-2. On conflict, read the head (the head view, deletions included):
+2. On conflict, read the head (the head view, deletions included; in the channel first, by #h, so
+   that an unlisted open channel the key writes in without joining it is read too):
    - a deletion: send restore with prev set to it (restored);
    - live with the same title, content and client tags: unchanged;
    - otherwise: send update with prev set to it (updated), or report the conflict
@@ -25,6 +26,7 @@ from typing import Any, Literal, Protocol
 
 from .connection import Ok, RelayError
 from .events import Event, Keys
+from .httpapi import HttpError
 from .identity import derive_d
 from .revisions import Head, client_tags, content_text, next_revision, revision
 
@@ -55,11 +57,26 @@ class Writer(Protocol):
 
     async def publish(self, event: Event, *, timeout: float = ...) -> Ok: ...
 
-    async def head(self, ds: Sequence[str], *, timeout: float = ...) -> dict[str, Event]: ...
+    async def head(
+        self, ds: Sequence[str], *, channels: Sequence[str] | None = ..., timeout: float = ...
+    ) -> dict[str, Event]: ...
 
 
 class EnsureRejected(RelayError):
     """A write was refused for another reason than a conflict (invalid:, restricted:, rate-limited: ...)."""
+
+
+async def _read_head(relay: Writer, d: str, channel: str) -> Event | None:
+    """The head of d, read in the channel it was created in first (#h: a reader who has not joined an
+    unlisted open channel can write in it, but reads it only by naming it), then wherever else the reader
+    can read it (the artifact may have moved). None: no head this key can read."""
+    try:
+        head = (await relay.head([d], channels=[channel], timeout=15.0)).get(d)
+    except HttpError:
+        head = None  # the channel is no longer readable (restricted:): the artifact may live elsewhere
+    if head is None:
+        head = (await relay.head([d], timeout=15.0)).get(d)
+    return head
 
 
 def _same(head: Event, title: str, content: str, tags: Sequence[Sequence[str]]) -> bool:
@@ -104,8 +121,7 @@ async def ensure(
         return EnsureResult(Outcome.CREATED, d, create.id, ok.message, 0)
     duplicate, last = ok.accepted, ok.message
     for attempt in range(1, attempts + 1):
-        heads = await relay.head([d], timeout=15.0)
-        head = heads.get(d)
+        head = await _read_head(relay, d, channel)
         if duplicate and head is not None and head.id == create.id:
             # The spec's step 1 stops at a duplicate. That is right while our create is still the head; but the
             # same create (same second, same content) may have been accepted long ago and deleted or edited

@@ -152,7 +152,20 @@ async def query(url: RelayUrl, keys: Keys, flt: dict[str, Any], *, timeout: floa
     return out
 
 
-async def head(url: RelayUrl, keys: Keys, ds: list[str], *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Event]:
-    """The head view: {d: current revision, deletions included} for the named d the reader can read."""
-    events = await query(url, keys, {"artifact": "head", "#d": ds}, timeout=timeout)
+async def head(
+    url: RelayUrl,
+    keys: Keys,
+    ds: list[str],
+    *,
+    channels: list[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> dict[str, Event]:
+    """The head view: {d: current revision, deletions included} for the named d the reader can read. Without
+    `channels` it covers the channels a read without #h covers (joined or listed); `channels` names them
+    (#h), which an unlisted open channel needs from a reader who has not joined it. A channel the reader
+    can't read is an HttpError (restricted:)."""
+    flt: dict[str, Any] = {"artifact": "head", "#d": ds}
+    if channels is not None:
+        flt["#h"] = channels
+    events = await query(url, keys, flt, timeout=timeout)
     return {d: e for e in events if (d := e.first("d")) is not None}

@@ -16,7 +16,7 @@ from asgiref.sync import sync_to_async
 
 import artifacts.client
 from artifacts.client import Keys, derive_d, revision, set_digest
-from tests.client.client_support import NO_QUOTA, admit, write_key
+from tests.client.client_support import NO_QUOTA, admit, make_channel, write_key
 from tests.client.fake_relay import FakeConnection, FakeRelay
 
 BASE_DIR = Path(__file__).resolve().parents[2]
@@ -194,6 +194,12 @@ async def test_ensure_and_head_against_a_relay(relay_factory: Any, tmp_path: Pat
     code, out, err = await cli("head", *common, "--d", d, "--d", missing)
     assert code == 1 and out.startswith(f"{d} {new_head} ")
     assert err == f"error: no head of {missing} that this key can read (unknown, or not readable)\n"
+    # --channel reads by #h; a channel the key can't read is the relay's refusal.
+    code, out, _ = await cli("head", *common, "--d", d, "--channel", world.channel)
+    assert code == 0 and out.startswith(f"{d} {new_head} ")
+    outsider_channel = await sync_to_async(make_channel)(world, [world.keys[2]])
+    code, out, err = await cli("head", *common, "--d", d, "--channel", outsider_channel)
+    assert (code, out) == (1, "") and err.startswith("error: restricted: "), err
     # A key the relay does not admit: one line, the relay's reason.
     code, out, err = await cli(
         "ensure", "--relay", world.url, "--key-file", str(world.outsider_file), *record, "--content", "{}"

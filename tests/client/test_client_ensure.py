@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from artifacts.client import (
     revision,
 )
 from artifacts.models import Revision
+from buzz.chat import channels
 from tests.client.client_support import NO_QUOTA, ClientWorld, admit, make_channel
 
 TYPE = "buzz.config"
@@ -140,6 +142,40 @@ async def test_conflicts_are_reported_and_refusals_raised(relay_factory: Any, tm
         assert refused.value.reason == "restricted: not a channel member"
 
 
+def _unlisted_open_channel(world: ClientWorld) -> str:
+    """An open channel that is not listed, made by A: C, a relay member who never joined it, may write in it,
+    and reads it only by naming it (#h)."""
+    ch = uuid.uuid4()
+    channels.channel_create(
+        community=world.community, channel_uuid=ch, name="unlisted", creator=world.a.pubkey, listed=False
+    )
+    return str(ch)
+
+
+async def test_ensure_in_an_unlisted_open_channel_the_key_has_not_joined(
+    relay_factory: Any, tmp_path: Path, redis_flush: Any
+) -> None:
+    world = await world_for(relay_factory, tmp_path)
+    unlisted = await sync_to_async(_unlisted_open_channel)(world)
+    base: dict[str, Any] = {"channel": unlisted, "type": TYPE, "key": "k", "title": "T"}
+    async with Relay.connect(world.url, world.keys[2]) as c:
+        created = await ensure(c, **base, content={"v": 1})
+        assert created.outcome is Outcome.CREATED
+        d = created.d
+        assert await c.head([d]) == {}  # a read without #h does not cover the channel
+        assert (await c.head([d], channels=[unlisted]))[d].id == created.head_id
+        again = await ensure(c, **base, content={"v": 1})
+        # The same create again (a duplicate when signed in the same second): done, from the head read by #h.
+        assert again.outcome in (Outcome.DUPLICATE, Outcome.UNCHANGED) and again.head_id == created.head_id
+        updated = await ensure(c, **base, content={"v": 2})
+        assert updated.outcome is Outcome.UPDATED
+        head = (await c.head([d], channels=[unlisted]))[d]
+        assert (await c.publish(next_revision(world.keys[2], head, "delete"))).accepted
+        restored = await ensure(c, **base, content={"v": 2})
+        assert restored.outcome is Outcome.RESTORED
+    assert await stored_ops(d) == ["create", "update", "delete", "restore"]
+
+
 class MovingHead:
     """A stand-in relay whose head moves on before every write: each write is a conflict."""
 
@@ -154,7 +190,9 @@ class MovingHead:
         self.sent.append(event)
         return Ok(event.id, False, "conflict: head changed; fetch the current revision and reapply your change")
 
-    async def head(self, ds: Sequence[str], *, timeout: float = 15.0) -> dict[str, Event]:
+    async def head(
+        self, ds: Sequence[str], *, channels: Sequence[str] | None = None, timeout: float = 15.0
+    ) -> dict[str, Event]:
         self.heads += 1
         d = ds[0]
         event = revision(
