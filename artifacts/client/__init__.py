@@ -9,7 +9,7 @@ from .digest import set_digest
 from .ensure import EnsureRejected, EnsureResult, Outcome, ensure
 from .events import Event, EventError, Keys
 from .filters import FilterError, SyncFilter
-from .httpapi import HttpError, RelayUrl, nip98_header
+from .httpapi import HttpError, Page, RelayUrl, nip98_header
 from .identity import derive_d
 from .revisions import KIND_ARTIFACT, KIND_REMOVAL, Head, next_revision, revision
 from .sync import (
@@ -44,6 +44,7 @@ __all__ = [
     "Keys",
     "Ok",
     "Outcome",
+    "Page",
     "Relay",
     "RelayError",
     "RelayUrl",

@@ -303,7 +303,7 @@ class Relay:
             raise AuthFailed("auth-required: the HTTP views need a key (NIP-98)")
         return self.keys
 
-    async def query(self, flt: dict[str, Any], *, timeout: float = httpapi.DEFAULT_TIMEOUT) -> list[Event]:
+    async def query(self, flt: dict[str, Any], *, timeout: float = httpapi.DEFAULT_TIMEOUT) -> httpapi.Page:
         return await httpapi.query(self.url, self._keys(), flt, timeout=timeout)
 
     async def head(

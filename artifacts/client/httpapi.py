@@ -73,14 +73,22 @@ def nip98_header(keys: Keys, url: str, method: str, body: bytes) -> str:
     return "Nostr " + base64.b64encode(json.dumps(event.to_dict(), separators=(",", ":")).encode()).decode()
 
 
-def _request(req: urllib.request.Request, timeout: float) -> tuple[int, bytes]:
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int
+    body: bytes
+    headers: dict[str, str]  # names lowercased
+
+
+def _request(req: urllib.request.Request, timeout: float) -> _Answer:
     if urlsplit(req.full_url).scheme not in ("http", "https"):
         raise HttpError(0, f"refusing to open {req.full_url!r}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - scheme checked above
-            return int(resp.status), resp.read(MAX_RESPONSE_BYTES + 1)
+            headers = {k.lower(): v for k, v in resp.headers.items()}
+            return _Answer(int(resp.status), resp.read(MAX_RESPONSE_BYTES + 1), headers)
     except urllib.error.HTTPError as err:
-        return int(err.code), err.read(MAX_RESPONSE_BYTES + 1)
+        return _Answer(int(err.code), err.read(MAX_RESPONSE_BYTES + 1), {k.lower(): v for k, v in err.headers.items()})
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise HttpError(0, f"error: could not reach {req.full_url}: {reason}") from None
@@ -102,7 +110,8 @@ async def information(url: RelayUrl, *, timeout: float = DEFAULT_TIMEOUT) -> dic
     """The NIP-11 relay information document."""
     # RelayUrl.http is http:// or https:// by construction (S310 is about file: and custom schemes).
     req = urllib.request.Request(url.http + "/", headers={"Accept": "application/nostr+json"})  # noqa: S310
-    status, body = await asyncio.to_thread(_request, req, timeout)
+    answer = await asyncio.to_thread(_request, req, timeout)
+    status, body = answer.status, answer.body
     if status != 200:
         raise HttpError(status, _reason(status, body))
     try:
@@ -118,6 +127,13 @@ async def post_json(
     url: RelayUrl, keys: Keys, path: str, payload: Any, *, timeout: float = DEFAULT_TIMEOUT
 ) -> tuple[int, Any]:
     """POST JSON with NIP-98: (status, decoded body). Raises HttpError only when no answer came."""
+    status, decoded, _ = await _post(url, keys, path, payload, timeout=timeout)
+    return status, decoded
+
+
+async def _post(
+    url: RelayUrl, keys: Keys, path: str, payload: Any, *, timeout: float
+) -> tuple[int, Any, dict[str, str]]:
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     target = url.http + path
     headers = {
@@ -125,23 +141,42 @@ async def post_json(
         "Authorization": nip98_header(keys, target, "POST", body),
     }
     req = urllib.request.Request(target, data=body, headers=headers, method="POST")  # noqa: S310
-    status, raw = await asyncio.to_thread(_request, req, timeout)
+    answer = await asyncio.to_thread(_request, req, timeout)
     try:
-        decoded: Any = json.loads(raw)
+        decoded: Any = json.loads(answer.body)
     except ValueError:
-        decoded = raw.decode("utf-8", "replace")
-    return status, decoded
+        decoded = answer.body.decode("utf-8", "replace")
+    return answer.status, decoded, answer.headers
 
 
-async def query(url: RelayUrl, keys: Keys, flt: dict[str, Any], *, timeout: float = DEFAULT_TIMEOUT) -> list[Event]:
-    """POST /query with one filter; the events, id and signature checked. HttpError on refusal."""
-    status, decoded = await post_json(url, keys, "/query", [flt], timeout=timeout)
+# How a Buzz relay says that a current or history page stopped at its page size (`limit`, or the relay's
+# default): there may be more after it. The body is a plain JSON array either way.
+PAGE_FULL_HEADER: Final = "buzz-page-full"
+NEXT_OFFSET_HEADER: Final = "buzz-next-offset"
+
+
+class Page(list[Event]):
+    """A /query answer: its events, and `full` when the relay cut it at its page size (a full page may have
+    more after it: never take it for the complete set; a sync is the complete-set read), with the offset of
+    the next page while the relay serves one (`next_offset`)."""
+
+    full: bool = False
+    next_offset: int | None = None
+
+
+async def query(url: RelayUrl, keys: Keys, flt: dict[str, Any], *, timeout: float = DEFAULT_TIMEOUT) -> Page:
+    """POST /query with one filter; the events, id and signature checked, and whether the page is full.
+    HttpError on refusal."""
+    status, decoded, headers = await _post(url, keys, "/query", [flt], timeout=timeout)
     if status != 200:
         reason = decoded.get("error") if isinstance(decoded, dict) else None
         raise HttpError(status, str(reason) if isinstance(reason, str) else f"unexpected answer {decoded!r:.200}")
     if not isinstance(decoded, list):
         raise HttpError(status, "error: /query did not answer a JSON array")
-    out = []
+    out = Page()
+    out.full = headers.get(PAGE_FULL_HEADER) == "true"
+    offset = headers.get(NEXT_OFFSET_HEADER, "")
+    out.next_offset = int(offset) if offset.isdigit() else None
     for raw in decoded:
         try:
             event = Event.from_dict(raw)

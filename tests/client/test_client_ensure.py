@@ -256,3 +256,19 @@ async def test_nip42_and_the_nip98_head_view(relay_factory: Any, tmp_path: Path,
     with pytest.raises(HttpError) as http:
         await httpapi.head(RelayUrl.parse(world.url), world.outsider, [live.first("d") or ""])
     assert (http.value.status, http.value.reason) == (403, "restricted: not a relay member")
+
+
+async def test_query_says_when_a_page_is_full(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
+    world = await world_for(relay_factory, tmp_path)
+    async with Relay.connect(world.url, world.a) as a:
+        for n in range(3):
+            ev = revision(world.a, d=derive_d(world.channel, TYPE, f"p{n}"), h=world.channel, type=TYPE, op="create",
+                          title=f"p{n}", content="{}")  # fmt: skip
+            assert (await a.publish(ev)).accepted
+        flt: dict[str, Any] = {"artifact": "current", "#h": [world.channel], "#type": [TYPE]}
+        first = await a.query({**flt, "limit": 2})
+        assert (len(first), first.full, first.next_offset) == (2, True, 2)  # more may follow: not the whole set
+        rest = await a.query({**flt, "limit": 2, "offset": 2})
+        assert (len(rest), rest.full, rest.next_offset) == (1, False, None)
+        whole = await a.query({**flt, "limit": 10})
+        assert {e.id for e in whole} == {e.id for e in [*first, *rest]} and not whole.full
