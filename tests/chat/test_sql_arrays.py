@@ -18,9 +18,14 @@ from psycopg.adapt import Transformer
 
 from buzz.sqlarrays import IntArray, TextArray, UuidArray
 
-# Text PostgreSQL can hold: anything but NUL. Skewed towards what an array literal must quote or escape.
+# Text PostgreSQL can hold: anything but NUL, and no lone surrogate (UTF-8 can't spell one; the relay refuses
+# them in events before any write: tests/transport/test_hostile_unicode.py). Skewed towards what an array
+# literal must quote or escape.
 _TEXT = st.text(
-    alphabet=st.one_of(st.sampled_from("\"\\{},; \t\nNULLnull'é日"), st.characters(blacklist_characters="\x00")),
+    alphabet=st.one_of(
+        st.sampled_from("\"\\{},; \t\nNULLnull'é日"),
+        st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+    ),
     max_size=12,
 )
 _INT8 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
