@@ -31,8 +31,9 @@ class ArtifactsConfig(AppConfig):
         register_req_mode(sync.MODE_KEY, sync.open_sync)
         # A 9005 naming a revision or a move removal redacts it (artifacts.redaction): withheld everywhere,
         # still accepted, and a redacted current head retires its artifact with a resync of open syncs.
-        register_removal_target(KIND_ARTIFACT, redaction.redact_removal)
-        register_removal_target(KIND_REMOVAL, redaction.redact_removal)
+        # The 9005 that redacts one names it: readers never get it (a retired head's id is for nobody to learn).
+        register_removal_target(KIND_ARTIFACT, redaction.redact_removal, withhold_request=True)
+        register_removal_target(KIND_REMOVAL, redaction.redact_removal, withhold_request=True)
         # NIP-AR incremental reads: every access change advances the community's policy stamp, in its transaction.
         register_access_hook(incremental.advance_policy_stamp)
         # The views' reads (current, history, head, incremental, count) are served on the event loop, before

@@ -569,7 +569,8 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
             )
         return Preview(
             summary="Withhold these revisions from every surface (current, head, history, count, REQ, sync, "
-            "mentions). The relay publishes a relay-signed removal (kind 9005) in each revision's channel.",
+            "mentions). The relay keeps a relay-signed removal (kind 9005) in each revision's channel, withheld "
+            "from readers: it names the revision.",
             targets=[f"{r.id} ({r.op}, d={r.artifact.d})" for r in revisions],
             withheld=withheld,
             retiring=retiring,

@@ -190,11 +190,12 @@ def redact(community: Community, revision_ids: Sequence[str], *, actor: str, rea
         for target in targets:
             request = removal_request(community, target=target.id, channel=target.channel, reason=reason)
             try:
-                remove_event(community_id=community.pk, actor=None, event=request, channel=target.channel)
+                public = remove_event(community_id=community.pk, actor=None, event=request, channel=target.channel)
             except ChannelError as err:
                 raise ModerationError(f"{target.id}: {err.reason}") from None
-            # The 9005 is a stored event of the channel: live REQs on it see it, like a member's.
-            signals.publish_on_commit(community.pk, target.channel, signals.event_message(request))
+            if public:
+                # A 9005 readers may get is a stored event of the channel: live REQs see it, like a member's.
+                signals.publish_on_commit(community.pk, target.channel, signals.event_message(request))
         # What retired is what the locked write decided (a concurrent edit may have moved a head meanwhile).
         retired = sorted(
             str(d)

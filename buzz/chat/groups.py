@@ -92,29 +92,35 @@ async def group_event(actor: Actor, event: Event) -> WriteResult:
     An accepted group event is stored in its channel (REQ #h returns it), so the channel's live
     subscribers get it too, like a message.
     """
-    result = await _apply_group_event(actor, event)
-    if result.ok:
+    result, public = await _apply_group_event(actor, event)
+    if result.ok and public:
         await signals.publish_committed(actor.community.id, [(channel_of(event), signals.event_message(event))])
     return result
 
 
-async def _apply_group_event(actor: Actor, event: Event) -> WriteResult:
+async def _apply_group_event(actor: Actor, event: Event) -> tuple[WriteResult, bool]:
+    """The answer, and whether the stored event goes to the channel's live subscribers (a 9005 whose target
+    withholds it does not: buzz.chat.removals)."""
     # Deleting a message is a message write; membership and metadata changes need channels:write.
     scope = SCOPE_WRITE if event.kind == KIND_DELETE_EVENT else SCOPE_CHANNELS_WRITE
     channel, decision = await check_manage(actor, event, scope=scope, creating=event.kind == KIND_CREATE_GROUP)
     if not decision.ok:
-        return WriteResult.rejected(decision.reason)
+        return WriteResult.rejected(decision.reason), False
     kind = event.kind
     if kind == KIND_CREATE_GROUP:
         if _single(event, "name") is None:
-            return WriteResult.rejected("invalid: kind 9007 needs one name tag")
-        return await _run(_create_group, actor=actor, event=event, channel=channel)
+            return WriteResult.rejected("invalid: kind 9007 needs one name tag"), False
+        return await _run(_create_group, actor=actor, event=event, channel=channel), True
     if kind == KIND_DELETE_EVENT:
-        return await _run(
-            remove_event, community_id=actor.community.id, actor=actor.pubkey, event=event, channel=channel
-        )
+        public: list[bool] = []
+
+        def remove(**kwargs: Any) -> None:
+            public.append(remove_event(**kwargs))
+
+        result = await _run(remove, community_id=actor.community.id, actor=actor.pubkey, event=event, channel=channel)
+        return result, public == [True]
     service, kwargs = _group_service(actor, event)
-    return await _run(_in_community(actor, service), channel_uuid=channel, request=event, **kwargs)
+    return await _run(_in_community(actor, service), channel_uuid=channel, request=event, **kwargs), True
 
 
 def _in_community(actor: Actor, service: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,7 +11,13 @@ whether an event exists. What the removal does depends on the target's kind:
 * anything else (kind-9 messages, group events) is withheld from every read.
 
 The handler runs in the 9005's transaction with the target row locked, after the
-permission check, and the 9005 itself is then stored in the channel.
+permission check, and the 9005 itself is then stored in the channel. A kind registered
+with `withhold_request` keeps the 9005 that removed one of its events from readers: it is
+stored already withheld (a resubmission still meets it) and not delivered live, because it
+names the removed event. For NIP-AR revisions that is the point: "Redacting an artifact's
+current revision retires the artifact: ... clients that do not already hold that revision's ID
+cannot edit it further", and a 9005 any reader of the channel could replay would hand that ID
+to every one of them.
 """
 
 from __future__ import annotations
@@ -46,23 +52,30 @@ class Removal:
 
 RemovalHandler = Callable[[Removal], None]
 _handlers: dict[int, RemovalHandler] = {}
+# Kinds whose removal requests readers never get (see the module's docstring).
+_withheld_requests: set[int] = set()
 
 
-def register_removal_target(kind: int, handler: RemovalHandler) -> None:
-    """Called from AppConfig.ready(): stored events of `kind` are removed by `handler`, not withheld here."""
+def register_removal_target(kind: int, handler: RemovalHandler, *, withhold_request: bool = False) -> None:
+    """Called from AppConfig.ready(): stored events of `kind` are removed by `handler`, not withheld here;
+    with `withhold_request`, so is the 9005 that removes one."""
     if kind in STATE_KINDS:
         raise ValueError("relay-signed channel state is never removable")
     if kind in _handlers and _handlers[kind] is not handler:
         raise RuntimeError(f"kind {kind} already has a removal handler")
     _handlers[kind] = handler
+    if withhold_request:
+        _withheld_requests.add(kind)
 
 
 def _withhold(removal: Removal) -> None:
     withhold_sync(community_id=removal.community_id, ids=[removal.target.id])
 
 
-def remove_event(*, community_id: int, actor: str | None, event: Event, channel: uuid.UUID) -> None:
-    """A 9005 request: exactly one `e` tag naming a stored event of the channel. Raises ChannelError."""
+def remove_event(*, community_id: int, actor: str | None, event: Event, channel: uuid.UUID) -> bool:
+    """A 9005 request: exactly one `e` tag naming a stored event of the channel. Returns whether readers may
+    get the request (stored visible, to be delivered live), False when its target's kind withholds it.
+    Raises ChannelError."""
     targets = event.tag_values("e")
     if len(targets) != 1 or not _HEX64.match(targets[0]):
         raise ChannelError("invalid: kind 9005 needs exactly one e tag")
@@ -82,3 +95,7 @@ def remove_event(*, community_id: int, actor: str | None, event: Event, channel:
         removal = Removal(community_id=community_id, channel=home, target=target, actor=actor, request=event)
         _handlers.get(target.kind, _withhold)(removal)
         store_sync(community_id=community_id, event=event, channel=channel)
+        if target.kind in _withheld_requests:
+            withhold_sync(community_id=community_id, ids=[event.id])
+            return False
+        return True

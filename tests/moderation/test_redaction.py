@@ -136,3 +136,38 @@ async def test_redacting_a_move_removal_withholds_it_and_kind5_stays_refused(wor
         # Kind 5 stays refused with its reason, for a revision as for anything.
         kind5 = await publish(a, signed(world.author, 5, [["e", move["id"]]]))
         assert kind5[2] is False and kind5[3] == KIND5_REFUSED
+
+
+async def test_no_reader_learns_a_retired_heads_id_from_its_removal(world: World, relay_factory: Any) -> None:
+    """NIP-AR: "Redacting an artifact's current revision retires the artifact: ... clients that do not already
+    hold that revision's ID cannot edit it further." The 9005 names the id: it is kept (a resubmission still
+    meets it) but no reader gets it, by replay or live, while a 9005 on a message is an ordinary event."""
+    relay = relay_factory(**RELAY_ENV)
+    ch = str(world.ch)
+    d = str(uuid.uuid4())
+    async with (
+        logged_in(relay, world.author, host=HOST) as a,
+        logged_in(relay, world.owner, host=HOST) as o,
+        logged_in(relay, world.member, host=HOST) as m,
+    ):
+        await m.send_json(["REQ", "live", {"#h": [ch], "kinds": [9, 9005]}])
+        await m.expect("EOSE", where=lambda x: x[1] == "live")
+        head = revision(world.author, d=d, h=ch)
+        await accept(a, head)
+        redaction = removal(world.owner, world.ch, head["id"], "spam")
+        assert await ok(o, redaction) == (True, "")
+        # A message and its removal after it: both reach the live REQ; the redaction before them never did.
+        message = signed(world.author, 9, [["h", ch]], "later")
+        await accept(a, message)
+        message_removal = removal(world.author, world.ch, message["id"])
+        assert await ok(a, message_removal) == (True, "")
+        seen = []
+        while message_removal["id"] not in seen:
+            seen.append((await m.expect("EVENT", 15.0, where=lambda x: x[1] == "live"))[2]["id"])
+        assert seen == [message["id"], message_removal["id"]]
+        for client in (m, o, a):  # the author and the owner who sent it included: none of them reads it back
+            assert await replay(client, "rp", {"#h": [ch], "kinds": [9005]}) == [message_removal["id"]]
+            assert await replay(client, "ids", {"ids": [redaction["id"]]}) == []
+        # Sent again, it meets the stored request: refused as any removal of what is gone, nothing new stored.
+        assert (await ok(o, redaction))[0] is False
+        assert await view(relay, world, world.member, {"artifact": "current", "#h": [ch]}) == []

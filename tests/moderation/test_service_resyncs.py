@@ -1,11 +1,12 @@
 """Every moderation service and command that must resync does: an open sync that must get CLOSED
 "resync: ..." gets it (an admin redaction of a head, a policy reset, a TTL channel's deletion by
-`retention reap-ttl`), and the admin's removal is a relay-signed 9005 stored in the channel."""
+`retention reap-ttl`), and the admin's removal is a relay-signed 9005 kept in the channel, withheld from readers."""
 
 from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import uuid
 from typing import Any
 
@@ -16,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from artifacts.models import PolicyStamp
-from buzz.models import Channel
+from buzz.models import Channel, StoredEvent
 from moderation import services
 from moderation.models import AuditAction, AuditRecord
 from tests.moderation.moderation_support import (
@@ -61,12 +62,13 @@ async def test_admin_redaction_resyncs_and_is_a_relay_signed_9005(world: World, 
         assert plan.retiring == (d,) and plan.open_syncs == 1
         assert (await closed(m, "s")).startswith("resync:")
         assert await view(relay, world, world.member, {"artifact": "current", "#h": [ch]}) == []
-        removals = await replay(m, "rm", {"#h": [ch], "kinds": [9005]})
-        assert len(removals) == 1
-        await m.send_json(["REQ", "rm2", {"ids": removals}])
-        event = (await m.expect("EVENT", 15.0, where=lambda x: x[1] == "rm2"))[2]
-        assert event["pubkey"] == world.community.relay_pubkey and ["e", head["id"]] in event["tags"]
-        assert event["content"] == "spam"
+        # The 9005 names the retired head: it is kept, withheld, and no reader gets it (NIP-AR: clients that
+        # don't hold a retired revision's id can't edit it further).
+        assert await replay(m, "rm", {"#h": [ch], "kinds": [9005]}) == []
+    stored = await _thread(lambda: StoredEvent.objects.get(community=world.community, kind=9005))
+    event = json.loads(stored.raw)
+    assert stored.deleted_at is not None and stored.pubkey == world.community.relay_pubkey
+    assert ["e", head["id"]] in event["tags"] and event["content"] == "spam"
     record = await _thread(lambda: AuditRecord.objects.get(action=AuditAction.REDACT))
     assert record.who == "admin:root" and record.detail["withheld"] == [head["id"]] and record.detail["retired"] == [d]
     assert record.detail["open_syncs"] == 1
