@@ -255,7 +255,7 @@ class SyncSubscription:
         community = self.host.community.id
         actor = self._actor()
         topics = [topic_for_channel(community, c) for c in sorted(self._channel_strs)]
-        topics.append(signals.pubkey_topic(community, actor.pubkey))
+        topics += signals.standing_topics(community, actor.pubkey)
         try:
             # Inline: on_message only records the changed d (bounded by max_events) or ends the sync.
             self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT, inline=True)
@@ -526,7 +526,8 @@ class SyncSubscription:
         elif kind == signals.STANDING:
             actor = self.host.actor
             token = message.get("token")
-            if not isinstance(message.get("pubkey"), str) or not (token is None or type(token) is int):
+            pubkey = message.get("pubkey")
+            if not (pubkey is None or isinstance(pubkey, str)) or not (token is None or type(token) is int):
                 self.resync(_UNINTERPRETABLE)
             elif actor is None or signals.standing_concerns(message, pubkey=actor.pubkey, token_id=actor.token_id):
                 # A ban, a removal from the relay members, or a revoked token of this connection.

@@ -12,6 +12,7 @@ from buzz.chat.bans import ban_add
 from buzz.chat.channels import ChannelError, channel_edit, member_remove
 from buzz.identity import communities
 from buzz.identity.tokens import token_revoke
+from buzz.live import signals
 from buzz.models import ApiToken, Ban, Channel, Community, Membership, RelayMember, StoredEvent, Timeout
 
 # Relay members are added, changed and removed through buzz.identity.communities (member_add,
@@ -72,6 +73,8 @@ class CommunityAdmin(admin.ModelAdmin[Community]):
             super().save_model(request, obj, form, change)
             if change and "admission" in form.changed_data:
                 access_changed(obj.pk)  # who may read changes (buzz.access.changes)
+                # Every open subscription re-checks its reader's admission (a sync resyncs), on every node.
+                signals.publish_standing_on_commit(obj.pk, None, signals.WHY_ADMISSION)
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         if formset.model is not RelayMember:

@@ -109,6 +109,17 @@ class Decision:
         return cls(False, reason, access)
 
 
+def admitted_sql(community: str, pubkey: str) -> str:
+    """Relay admission as an SQL condition on the community's row as it is now (not a copy of its mode taken
+    when a connection authenticated): an open community admits every pubkey, a members-only one its relay
+    members. An operator who closes a community is obeyed by every later check, and the connections' live
+    subscriptions re-check on the community's standing signal (buzz.live.signals)."""
+    # Unqualified names are the nearest FROM's: the member's pubkey and community, the community's own id.
+    member = f"SELECT FROM buzz_relaymember WHERE community_id = co.id AND pubkey = {pubkey}"
+    admits = f"admission = 'open' OR EXISTS ({member})"
+    return f"EXISTS (SELECT FROM buzz_community co WHERE id = {community} AND ({admits}))"
+
+
 # One row per asked channel; the ban, timeout, token and admission facts are the actor's, computed once.
 # Admission: a members-only community admits its relay members only (the rule AUTH applies).
 # The parameters are `acc_`-prefixed (`access_params`) so that a write statement can embed the facts as a CTE
@@ -121,17 +132,18 @@ def access_facts_sql(channels: str = "%(acc_channels)s::uuid[]") -> str:
     LEFT JOINs let a plan made on never-analyzed tables join every channel of the community with every
     membership of the pubkey first and match the channels asked about last: 94 ms per write in a
     community of 1,000 channels (tests/chat/test_hot_plans.py has that shape)."""
+    # Unqualified column names in the EXISTS subqueries are their own table's: the kind-9 statement that embeds
+    # these facts must stay short enough for psycopg's conversion cache (buzz.sqltext.hot_statement).
     return f"""SELECT q.u AS channel,
-  EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(acc_community)s AND b.pubkey = ANY(%(acc_subjects)s)
-          AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())) AS banned,
+  EXISTS (SELECT FROM buzz_ban WHERE community_id = %(acc_community)s AND pubkey = ANY(%(acc_subjects)s)
+          AND lifted_at IS NULL AND (expires_at IS NULL OR expires_at > now())) AS banned,
   (SELECT max(t.until) FROM buzz_timeout t WHERE t.community_id = %(acc_community)s AND t.pubkey = %(acc_pubkey)s
           AND t.until > now()) AS timeout_until,
   c.id AS channel_pk, c.visibility, c.type AS ctype, c.archived IS NOT NULL AS archived,
   c.deleted IS NOT NULL AS deleted, m.role,
-  (%(acc_token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(acc_token)s
-          AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()))) AS token_ok,
-  (NOT %(acc_members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(acc_community)s
-          AND r.pubkey = %(acc_pubkey)s)) AS admitted
+  (%(acc_token)s::bigint IS NULL OR EXISTS (SELECT FROM buzz_apitoken WHERE id = %(acc_token)s
+          AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()))) AS token_ok,
+  {admitted_sql("%(acc_community)s", "%(acc_pubkey)s")} AS admitted
 FROM unnest({channels}) AS q(u)
 LEFT JOIN LATERAL (
   SELECT c.id, c.visibility, c.type, c.archived_at AS archived, c.deleted_at AS deleted FROM buzz_channel c
@@ -155,7 +167,6 @@ def access_params(actor: Actor, channels: Sequence[uuid.UUID] = (), *, owner: st
         "acc_pubkey": actor.pubkey,
         "acc_channels": UuidArray(channels),
         "acc_token": actor.token_id,
-        "acc_members_only": members_only(actor),
         "acc_may_write": has_scope(actor, SCOPE_WRITE),
         # None: the credential covers every channel; else the channels it covers (parse_channel_id drops junk).
         "acc_covered": None
@@ -258,10 +269,6 @@ async def load_access(
     actor: Actor, channel: uuid.UUID, *, owner: str | None = None, conn: AsyncConnection[Any] | None = None
 ) -> ChannelAccess:
     return (await load_access_many(actor, [channel], owner=owner, conn=conn))[channel]
-
-
-def members_only(actor: Actor) -> bool:
-    return actor.community.admission != "open"
 
 
 def has_scope(actor: Actor, scope: str) -> bool:
@@ -376,11 +383,10 @@ async def check_read_many(
     return Decision(True)
 
 
-_READABLE_SQL = """
+_READABLE_SQL = f"""
 SELECT c.uuid FROM buzz_channel c
 WHERE c.community_id = %(community)s AND c.deleted_at IS NULL
-  AND (NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(community)s
-       AND r.pubkey = %(pubkey)s))
+  AND {admitted_sql("%(community)s", "%(pubkey)s")}
   AND (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s
        AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())))
   AND NOT EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = %(pubkey)s
@@ -388,18 +394,17 @@ WHERE c.community_id = %(community)s AND c.deleted_at IS NULL
   AND (EXISTS (SELECT 1 FROM buzz_membership m WHERE m.channel_id = c.id AND m.pubkey = %(pubkey)s
                AND m.removed_at IS NULL)
        OR (c.visibility = 'open' AND c.type <> 'dm' AND c.listed))
-"""
+"""  # noqa: S608 - composed from code, values are placeholders
 
 
-_STANDING_SQL = """
+_STANDING_SQL = f"""
 SELECT
-  (NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = %(community)s
-          AND r.pubkey = %(pubkey)s)),
+  {admitted_sql("%(community)s", "%(pubkey)s")},
   EXISTS (SELECT 1 FROM buzz_ban b WHERE b.community_id = %(community)s AND b.pubkey = %(pubkey)s
           AND b.lifted_at IS NULL AND (b.expires_at IS NULL OR b.expires_at > now())),
   (%(token)s::bigint IS NULL OR EXISTS (SELECT 1 FROM buzz_apitoken k WHERE k.id = %(token)s AND k.revoked_at IS NULL
           AND (k.expires_at IS NULL OR k.expires_at > now())))
-"""
+"""  # noqa: S608 - composed from code, values are placeholders
 
 
 async def check_reader(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> Decision:
@@ -443,7 +448,6 @@ def _actor_params(actor: Actor) -> dict[str, Any]:
         "community": actor.community.id,
         "pubkey": actor.pubkey,
         "token": actor.token_id,
-        "members_only": members_only(actor),
     }
 
 

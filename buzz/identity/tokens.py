@@ -18,10 +18,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from buzz.access.changes import access_changed
+from buzz.access.policy import admitted_sql
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, check_pubkey
 from buzz.live import signals
-from buzz.models import AdmissionMode, ApiToken, Community
+from buzz.models import ApiToken, Community
 from buzz.runtime import runtime
 
 TOKEN_PREFIX = "buzz_"  # noqa: S105 - a prefix, not a secret
@@ -89,14 +90,12 @@ def token_revoke(*, token_id: int) -> ApiToken:
 
 
 # The token and its holder's admission in one round trip: a members-only community admits relay members only.
-BEARER_LOOKUP = """
-SELECT k.id, k.pubkey, k.scopes, k.channels, k.expires_at,
-       NOT %(members_only)s OR EXISTS (SELECT 1 FROM buzz_relaymember r WHERE r.community_id = k.community_id
-                                       AND r.pubkey = k.pubkey)
+BEARER_LOOKUP = f"""
+SELECT k.id, k.pubkey, k.scopes, k.channels, k.expires_at, {admitted_sql("k.community_id", "k.pubkey")}
 FROM buzz_apitoken k
 WHERE k.token_hash = %(hash)s AND k.community_id = %(community)s AND k.revoked_at IS NULL
   AND (k.expires_at IS NULL OR k.expires_at > now())
-"""
+"""  # noqa: S608 - composed from code, values are placeholders
 
 
 def bearer_lookup(community: CommunityInfo, header: str | None) -> dict[str, Any] | None:
@@ -110,7 +109,6 @@ def bearer_lookup(community: CommunityInfo, header: str | None) -> dict[str, Any
     return {
         "hash": hash_token(token),
         "community": community.id,
-        "members_only": community.admission != AdmissionMode.OPEN,
     }
 
 

@@ -14,7 +14,9 @@ A change to one pubkey's standing in the whole community (a ban, its removal fro
 relay members, a revoked token) goes to that pubkey's topic instead (`pubkey_topic`):
 every subscription of an authenticated pubkey listens on it beside its channel topics,
 so it reaches each of that pubkey's subscriptions on every node, whatever channels they
-read, and a node subscribes to one topic per distinct pubkey it serves.
+read, and a node subscribes to one topic per distinct pubkey it serves. A change to every
+pubkey's standing (the community's admission mode) goes to the community's standing topic,
+on which every subscription listens too (`standing_topics`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ ACCESS: Final = "access"
 # The standing of one pubkey in the community may have changed; that pubkey's subscribers re-check it
 # (buzz.access.policy.check_reader): {"t": "standing", "pubkey", "why", "token"}. `token` is the id of
 # the one API token concerned (a revocation: only connections authenticated by it re-check), or null
-# (every connection of the pubkey re-checks). Published on `pubkey_topic`.
+# (every connection of the pubkey re-checks). Published on `pubkey_topic`; with `pubkey` null on the community's
+# standing topic, when every reader's standing may have changed (every subscription re-checks).
 STANDING: Final = "standing"
 # Something a channel's subscribers may hold left its current state without a new event (a moderation
 # redaction retiring an artifact's head): {"t": "retired", "channel", "d"}. Syncs holding it resync.
@@ -52,6 +55,7 @@ WHY_DELETED: Final = "deleted"
 WHY_BAN: Final = "ban"
 WHY_RELAY_MEMBER: Final = "relay-member"  # removed from the community's relay members
 WHY_TOKEN_REVOKED: Final = "token-revoked"  # noqa: S105 - a reason, not a secret
+WHY_ADMISSION: Final = "admission"  # the community's admission mode (every pubkey)
 # A token's expiry sends no signal: a subscription of a connection whose token expires re-checks its
 # standing at that instant by itself (buzz.ws.req), as it would on a standing signal.
 
@@ -75,12 +79,15 @@ def retired_message(channel: uuid.UUID, d: str) -> dict[str, Any]:
     return {"t": RETIRED, "channel": str(channel), "d": d}
 
 
-def standing_message(pubkey: str, why: str, *, token: int | None = None) -> dict[str, Any]:
+def standing_message(pubkey: str | None, why: str, *, token: int | None = None) -> dict[str, Any]:
+    """`pubkey` None: every pubkey of the community."""
     return {"t": STANDING, "pubkey": pubkey, "why": why, "token": token}
 
 
 def standing_concerns(message: dict[str, Any], *, pubkey: str, token_id: int | None) -> bool:
     """Whether a standing message is about a connection of `pubkey` authenticated by `token_id` (None: NIP-42)."""
+    if message.get("pubkey") is None:
+        return True  # every pubkey's
     if message.get("pubkey") != pubkey:
         return False
     token = message.get("token")
@@ -94,6 +101,16 @@ def channel_topic(community_id: int, channel: uuid.UUID | str) -> str:
 def pubkey_topic(community_id: int, pubkey: str) -> str:
     """The topic of standing signals about one pubkey (a segment of its own: no channel topic is like it)."""
     return f"{topic_for_community(community_id)}:pubkey:{pubkey}"
+
+
+def community_standing_topic(community_id: int) -> str:
+    """The topic of standing signals about every pubkey of the community."""
+    return f"{topic_for_community(community_id)}:standing"
+
+
+def standing_topics(community_id: int, pubkey: str) -> list[str]:
+    """What a subscription of `pubkey` listens on for its reader's standing, beside its channel topics."""
+    return [pubkey_topic(community_id, pubkey), community_standing_topic(community_id)]
 
 
 async def publish_committed(community_id: int, items: Sequence[tuple[uuid.UUID, dict[str, Any]]]) -> None:
@@ -113,11 +130,12 @@ def publish_on_commit(community_id: int, channel: uuid.UUID, message: dict[str, 
     )
 
 
-def publish_standing_on_commit(community_id: int, pubkey: str, why: str, *, token: int | None = None) -> None:
-    """ORM side: once the current transaction commits, tell every node that `pubkey`'s standing changed."""
+def publish_standing_on_commit(community_id: int, pubkey: str | None, why: str, *, token: int | None = None) -> None:
+    """ORM side: once the current transaction commits, tell every node that `pubkey`'s standing changed (None:
+    every pubkey's)."""
     publish_blocking_on_commit(
         settings.REDIS_URL,
-        pubkey_topic(community_id, pubkey),
+        pubkey_topic(community_id, pubkey) if pubkey is not None else community_standing_topic(community_id),
         standing_message(pubkey, why, token=token),
         prefix=settings.BUZZ_REDIS_PREFIX,
     )

@@ -114,7 +114,7 @@ class ReqSubscription:
                 raise RuntimeError("subscription without an authenticated actor")
             topics = [topic_for_channel(self.host.community.id, c) for c in self._channel_strs]
             # Standing signals about the reader, on every node (one topic per pubkey, shared by its subscriptions).
-            topics.append(signals.pubkey_topic(self.host.community.id, actor.pubkey))
+            topics += signals.standing_topics(self.host.community.id, actor.pubkey)
             try:
                 self._live = await runtime.hub().subscribe(topics, self, wait=LIVE_WAIT)
             except HubUnavailable:
