@@ -798,8 +798,9 @@ class ModeratedChannelAdmin(ChannelAdmin):
             syncs += plan.open_syncs
             artifacts += plan.artifacts
         notes = [
-            "Writes are refused. The channels' artifacts leave every current-state result and the head view; "
-            "their revisions are not withheld from history.",
+            "Writes are refused. Nobody reads these channels any more: their artifacts leave every current-state "
+            "result and the head view, the revisions published in them leave history too, and a read naming "
+            "them is refused. Revisions that moved to another channel stay readable there.",
             "A later channel with another id inherits nothing. This cannot be undone.",
             f"{artifacts} artifact(s) are homed in these channels.",
         ]

@@ -470,8 +470,10 @@ def reset_policy(community: Community, *, actor: str, reason: str) -> LifecycleP
 
 
 def reap_ttl(*, now: dt.datetime | None = None, actor: str, reason: str) -> LifecyclePlan:
-    """TTL channels past their deadline: archived; one that was archived and is a further ttl_seconds past its
-    deadline is deleted (as `delete_channel`, with the resync of its syncs)."""
+    """TTL channels past their deadline: archived; one that the reaper archived (after its deadline) and is a
+    further ttl_seconds past it is deleted (as `delete_channel`, with the resync of its syncs). A channel an
+    operator archived before its deadline is the operator's: never deleted here. Each channel is decided
+    again with its row locked, so a write that moved the deadline meanwhile keeps it."""
     now = now or timezone.now()
     due = Channel.objects.filter(
         deleted_at__isnull=True, ttl_seconds__isnull=False, deadline__isnull=False, deadline__lt=now
@@ -479,15 +481,18 @@ def reap_ttl(*, now: dt.datetime | None = None, actor: str, reason: str) -> Life
     archived: list[str] = []
     deleted: list[str] = []
     resyncs = 0
-    for channel in due.order_by("deadline", "pk"):
-        if channel.ttl_seconds is None or channel.deadline is None:
-            continue
-        if channel.archived_at is None:
-            archive_channel(channel, actor=actor, reason=reason or "TTL passed")
-            archived.append(str(channel.uuid))
-        elif channel.deadline + dt.timedelta(seconds=channel.ttl_seconds) < now:
-            resyncs += delete_channel(channel, actor=actor, reason=reason or "TTL passed").open_syncs
-            deleted.append(str(channel.uuid))
+    for candidate in due.order_by("deadline", "pk"):
+        with transaction.atomic():
+            channel = Channel.objects.select_for_update().select_related("community").get(pk=candidate.pk)
+            ttl, deadline = channel.ttl_seconds, channel.deadline
+            if channel.deleted_at is not None or ttl is None or deadline is None or deadline >= now:
+                continue
+            if channel.archived_at is None:
+                archive_channel(channel, actor=actor, reason=reason or "TTL passed")
+                archived.append(str(channel.uuid))
+            elif channel.archived_at >= deadline and deadline + dt.timedelta(seconds=ttl) < now:
+                resyncs += delete_channel(channel, actor=actor, reason=reason or "TTL passed").open_syncs
+                deleted.append(str(channel.uuid))
     if archived or deleted:
         _audit(
             None,

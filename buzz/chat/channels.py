@@ -326,6 +326,10 @@ def channel_edit(
             elif key == "archived":
                 if value not in ("true", "false"):
                     raise ChannelError("invalid: archived must be true or false")
+                if value == "false" and channel.archived_at is not None and channel.ttl_seconds:
+                    # Unarchiving a TTL channel starts its time again, as a new event would: left past its
+                    # deadline, the next reap would archive it at once (moderation.services.reap_ttl).
+                    channel.deadline = timezone.now() + dt.timedelta(seconds=channel.ttl_seconds)
                 channel.archived_at = (channel.archived_at or timezone.now()) if value == "true" else None
             elif key == "listed":
                 if value not in ("true", "false"):

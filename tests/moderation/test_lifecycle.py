@@ -102,6 +102,8 @@ async def test_archive_unarchive_delete_with_open_syncs_and_reqs_on_two_nodes(wo
             # Not in any current-state result or the head view: wide reads leave it out, #h is refused.
             assert d not in json.dumps(await view(node, world, world.member, {"artifact": "current"}))
             assert await view(node, world, world.member, {"artifact": "head", "#d": [d]}) == []
+            # Nor in history: nobody reads the channel its revisions were published in any more.
+            assert await view(node, world, world.member, {"artifact": "history", "#d": [d]}) == []
             status, _ = await http(
                 node, "POST", "/query", host=HOST, signer=world.member, body=json.dumps([flt]).encode()
             )

@@ -127,3 +127,35 @@ async def test_reap_ttl_archives_then_deletes_with_resync(world: World, relay_fa
         await follow(m, "s", state, lambda s: False, timeout=15.0)
         assert state.closed is not None and state.closed.startswith("resync:")
     assert await _thread(lambda: Channel.objects.get(uuid=world.ch).deleted_at is not None)
+
+
+def test_reap_ttl_leaves_an_unarchived_channel_and_an_operators_archive_alone(world: World) -> None:
+    """Unarchiving a reaped TTL channel starts its time again (the next reap would otherwise archive it at
+    once, and delete it later), and a TTL channel an operator archived before its deadline is never deleted."""
+
+    def set_ttl(channel: uuid.UUID, *, deadline_ago: int, archived_ago: int | None = None) -> None:
+        # As time would leave them (raw SQL: the ORM's guards keep archived_at to the services).
+        now = timezone.now()
+        archived_at = None if archived_ago is None else now - dt.timedelta(seconds=archived_ago)
+        with connection.cursor() as cur:
+            cur.execute(
+                "UPDATE buzz_channel SET ttl_seconds = 3600, deadline = %s, archived_at = %s WHERE uuid = %s",
+                [now - dt.timedelta(seconds=deadline_ago), archived_at, channel],
+            )
+
+    def reap() -> str:
+        return services.reap_ttl(actor="command", reason="").detail
+
+    set_ttl(world.ch, deadline_ago=60)
+    assert reap() == "1 archived, 0 deleted"
+    services.unarchive_channel(Channel.objects.get(uuid=world.ch), actor="admin:root", reason="still needed")
+    unarchived = Channel.objects.get(uuid=world.ch)
+    assert unarchived.archived_at is None and unarchived.deadline is not None
+    assert unarchived.deadline > timezone.now() + dt.timedelta(seconds=3500)  # a whole ttl from now
+    assert reap() == "0 archived, 0 deleted"
+
+    # Archived by the operator a day before a deadline now two ttls past: the operator's archive stays.
+    set_ttl(world.other, deadline_ago=2 * 3600, archived_ago=2 * 3600 + 86400)
+    assert reap() == "0 archived, 0 deleted"
+    kept = Channel.objects.get(uuid=world.other)
+    assert kept.deleted_at is None and kept.archived_at is not None
