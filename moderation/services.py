@@ -18,7 +18,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from django.db import transaction
 from django.utils import timezone
@@ -236,6 +236,32 @@ def record_redaction(removal: Removal, result: Redaction) -> None:
             "retired": [d for d, _ in result.retired],
             "channels": [str(removal.channel.uuid)],
             "via": "nip29-9005",
+        },
+    )
+
+
+_LIFECYCLE_ACTIONS: Final = {
+    "archive": AuditAction.ARCHIVE,
+    "unarchive": AuditAction.UNARCHIVE,
+    "delete": AuditAction.DELETE_CHANNEL,
+}
+
+
+def record_lifecycle(channel: Channel, action: str, who: str | None, request: Event | None) -> None:
+    """buzz.chat.channels observer: an archive, unarchive or delete that a member's NIP-29 request (9002, 9008)
+    or `manage.py channel` made leaves an audit record; the services here record their own (`who` None)."""
+    if who is None:
+        return
+    _audit(
+        channel.community,
+        who=who,
+        action=_LIFECYCLE_ACTIONS[action],
+        target=str(channel.uuid),
+        reason=request.content if request is not None else "",
+        detail={
+            "channel": str(channel.uuid),
+            "name": channel.name,
+            "via": f"nip29-{request.kind}" if request is not None else who,
         },
     )
 

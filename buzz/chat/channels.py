@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import transaction
 from django.db.models import Sum
@@ -278,6 +278,26 @@ def member_remove(
         _signal_access(channel, signals.WHY_MEMBERSHIP, pubkey=pubkey)
 
 
+# Archive, unarchive and delete, seen by observers an app registers (moderation keeps its audit log with
+# them): `observer(channel, action, who, request)` in the change's transaction, where `who` is the member's
+# pubkey, the operator's label (`operator=`, e.g. "command"), or None for a caller that records the change
+# itself (the moderation services).
+LifecycleObserver = Callable[[Channel, str, str | None, Event | None], None]
+_lifecycle_observers: list[LifecycleObserver] = []
+ARCHIVE, UNARCHIVE, DELETE = "archive", "unarchive", "delete"
+
+
+def observe_lifecycle(observer: LifecycleObserver) -> None:
+    """Called from AppConfig.ready()."""
+    if observer not in _lifecycle_observers:
+        _lifecycle_observers.append(observer)
+
+
+def _lifecycle(channel: Channel, action: str, who: str | None, request: Event | None) -> None:
+    for observer in _lifecycle_observers:
+        observer(channel, action, who, request)
+
+
 EDITABLE = ("name", "about", "topic", "purpose", "visibility", "archived", "ttl", "listed")
 MEMBER_EDITABLE = frozenset({"topic", "purpose"})
 
@@ -289,8 +309,10 @@ def channel_edit(
     actor: str | None,
     changes: dict[str, str],
     request: Event | None = None,
+    operator: str | None = None,
 ) -> Channel:
-    """NIP-29 9002. Owners/admins edit everything; members only topic and purpose."""
+    """NIP-29 9002. Owners/admins edit everything; members only topic and purpose. `operator` names who asked
+    when `actor` is None (see `observe_lifecycle`)."""
     unknown = set(changes) - set(EDITABLE)
     if unknown:
         raise ChannelError(f"invalid: unknown metadata field {sorted(unknown)[0]!r}")
@@ -304,6 +326,7 @@ def channel_edit(
                 raise ChannelError("restricted: not a channel member")
             if role not in MANAGER_ROLES and not set(changes) <= MEMBER_EDITABLE:
                 raise ChannelError("restricted: only owners and admins edit this metadata")
+        was_active = channel.archived_at is None
         archiving_only = set(changes) == {"archived"}
         if channel.archived_at is not None and not archiving_only and "archived" not in changes:
             raise ChannelError("invalid: channel is archived")
@@ -359,13 +382,21 @@ def channel_edit(
         refresh_state(channel)
         if access_changed_now:
             _signal_access(channel, signals.WHY_VISIBILITY)
+        if (channel.archived_at is None) != was_active:
+            _lifecycle(channel, UNARCHIVE if channel.archived_at is None else ARCHIVE, actor or operator, request)
     return channel
 
 
 def channel_delete(
-    *, community: Community, channel_uuid: uuid.UUID, actor: str | None, request: Event | None = None
+    *,
+    community: Community,
+    channel_uuid: uuid.UUID,
+    actor: str | None,
+    request: Event | None = None,
+    operator: str | None = None,
 ) -> None:
-    """NIP-29 9008: owner only. Soft delete; every subscription on the channel ends."""
+    """NIP-29 9008: owner only. Soft delete; every subscription on the channel ends. `operator` names who asked
+    when `actor` is None (see `observe_lifecycle`)."""
     with transaction.atomic():
         channel = _lock(community, channel_uuid)
         if actor is not None and role_of(channel, actor) != ChannelRole.OWNER:
@@ -377,6 +408,7 @@ def channel_delete(
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
         _signal_access(channel, signals.WHY_DELETED)
+        _lifecycle(channel, DELETE, actor or operator, request)
 
 
 def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, request: Event | None = None) -> None:

@@ -124,3 +124,40 @@ async def test_archive_unarchive_delete_with_open_syncs_and_reqs_on_two_nodes(wo
         lambda: list(AuditRecord.objects.order_by("id").values_list("action", flat=True)), thread_sensitive=False
     )()
     assert actions == [AuditAction.ARCHIVE, AuditAction.UNARCHIVE, AuditAction.DELETE_CHANNEL]
+
+
+def test_every_archive_unarchive_and_delete_is_audited_once(world: World) -> None:
+    """A member's NIP-29 requests (9002 archived, 9008) and `manage.py channel` leave one audit record each,
+    as the admin's moderation services do (which record their own, with no second record from the observer)."""
+    from django.core.management import call_command
+
+    from buzz.chat import channels
+    from buzz.nostr import parse_event
+    from tests.support.factories import signed
+
+    def records() -> list[tuple[str, str, str, str]]:
+        return [
+            (r.who, r.action, r.target, str(r.detail.get("via", "")))
+            for r in AuditRecord.objects.filter(community=world.community).order_by("pk")
+        ]
+
+    ch = str(world.ch)
+    # Other edits are no lifecycle change: no record.
+    channels.channel_edit(community=world.community, channel_uuid=world.ch, actor=None, changes={"name": "renamed"})
+    edit = signed(world.owner, 9002, [["h", ch], ["archived", "true"]], "tidy up")
+    channels.channel_edit(
+        community=world.community,
+        channel_uuid=world.ch,
+        actor=world.owner.pubkey,
+        changes={"archived": "true"},
+        request=parse_event(edit),
+    )
+    call_command("channel", "unarchive", "--host", HOST, ch)
+    services.archive_channel(Channel.objects.get(uuid=world.ch), actor="admin:root", reason="again")
+    call_command("channel", "delete", "--host", HOST, str(world.other), "--yes")
+    assert records() == [
+        (world.owner.pubkey, AuditAction.ARCHIVE, ch, "nip29-9002"),
+        ("command", AuditAction.UNARCHIVE, ch, "command"),
+        ("admin:root", AuditAction.ARCHIVE, ch, ""),
+        ("command", AuditAction.DELETE_CHANNEL, str(world.other), "command"),
+    ]

@@ -113,6 +113,7 @@ class Command(BaseCommand):
             channel_uuid=existing_channel(community, opts["channel_id"]),
             actor=None,
             changes={"archived": "true"},
+            operator="command",
         )
         self.stdout.write(f"archived {opts['channel_id']}")
 
@@ -122,6 +123,7 @@ class Command(BaseCommand):
             channel_uuid=existing_channel(community, opts["channel_id"]),
             actor=None,
             changes={"archived": "false"},
+            operator="command",
         )
         self.stdout.write(f"unarchived {opts['channel_id']}")
 
@@ -129,7 +131,7 @@ class Command(BaseCommand):
         channel_uuid = existing_channel(community, opts["channel_id"])
         if not opts["yes"]:
             raise CommandError("deleting a channel ends its subscriptions and hides its content: add --yes to confirm")
-        services.channel_delete(community=community, channel_uuid=channel_uuid, actor=None)
+        services.channel_delete(community=community, channel_uuid=channel_uuid, actor=None, operator="command")
         self.stdout.write(f"deleted {opts['channel_id']}")
 
     def _list(self, community: Any, opts: dict[str, Any]) -> None:
