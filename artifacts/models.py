@@ -14,12 +14,18 @@ from buzz.models import Community, GuardedChange, GuardedQuerySet
 
 class ArtifactQuerySet(GuardedQuerySet["Artifact"]):
     # The head pointer and what reads filter on: only artifacts.services and artifacts.redaction move them.
-    guarded = frozenset({"head_id", "home", "deleted", "retired", "community", "d"})
+    guarded = frozenset({"head_id", "home", "deleted", "retired", "community", "d", "type"})
 
 
 class RevisionQuerySet(GuardedQuerySet["Revision"]):
     # Redaction and retention (artifacts.redaction) set these, with the resync they need.
     guarded = frozenset({"redacted_at", "expired_at", "raw", "id", "community", "artifact", "channel"})
+
+
+class CurrentTagQuerySet(GuardedQuerySet["CurrentTag"]):
+    # What current-state queries match on: artifacts.services replaces the rows with each accepted revision.
+    guarded = frozenset({"artifact", "name", "value"})
+    why = "the current tags change only with an accepted revision (artifacts.services)"
 
 
 class MoveRemovalQuerySet(GuardedQuerySet["MoveRemoval"]):
@@ -132,6 +138,8 @@ class CurrentTag(models.Model):
     artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="current_tags")
     name = models.CharField(max_length=128)
     value = models.TextField()
+
+    objects = CurrentTagQuerySet.as_manager()
 
     # Matched through an index on (name, md5(value)) made in migration 0002: a value may be longer than a
     # btree entry allows, and predicates are exact matches only.

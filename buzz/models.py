@@ -69,6 +69,13 @@ class GuardedQuerySet(models.QuerySet[_M]):
         return super().bulk_update(objs, fields, batch_size=batch_size)  # type: ignore[arg-type]
 
 
+class StoredEventQuerySet(GuardedQuerySet["StoredEvent"]):
+    # Withholding (a removed message, a redacted or expired revision) is buzz.events.store's, in SQL: undone
+    # here it would put a redacted revision back in every NIP-01 replay.
+    guarded = frozenset({"deleted_at", "raw", "id", "community", "channel_id", "kind"})
+    why = "stored copies change only through buzz.events.store (withhold_sync) and the moderation services"
+
+
 class ChannelQuerySet(GuardedQuerySet["Channel"]):
     # Deletion and archival go through buzz.chat.channels (or moderation.services), which resync.
     guarded = frozenset({"deleted_at", "archived_at", "visibility", "community", "uuid"})
@@ -142,6 +149,8 @@ class StoredEvent(models.Model):
     raw = models.TextField()
     received_at = models.DateTimeField(auto_now_add=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = StoredEventQuerySet.as_manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["community", "id"], name="stored_event_identity")]

@@ -1,6 +1,6 @@
 """No silent retirement (issue 11, item 4): Django's delete and queryset updates that would retire a head,
-remove a revision or change access without a resync are refused on Channel, Artifact, Revision and
-MoveRemoval; harmless updates still work."""
+remove a revision or change access without a resync are refused on Channel, Artifact, Revision,
+MoveRemoval, StoredEvent and CurrentTag; harmless updates still work."""
 
 from __future__ import annotations
 
@@ -67,3 +67,23 @@ def test_redact_events_skips_what_is_no_revision(db: None) -> None:
     make_world("guards2.test")
     result = redact_events(1, ["cd" * 32, str(uuid.uuid4())])
     assert result.withheld == () and result.retired == ()
+
+
+def test_stored_copies_current_tags_and_an_artifacts_type_are_guarded_too(channel: Channel) -> None:
+    """A withheld copy put back by a queryset update would return a redacted revision to every NIP-01 replay;
+    current tags and the type are what current-state queries match on."""
+    from artifacts.models import CurrentTag
+    from buzz.models import StoredEvent
+
+    for qs, field, value in (
+        (StoredEvent.objects.all(), "deleted_at", None),
+        (StoredEvent.objects.all(), "raw", "{}"),
+        (CurrentTag.objects.all(), "value", "x"),
+        (Artifact.objects.all(), "type", "buzz.other"),
+    ):
+        with pytest.raises(GuardedChange):
+            qs.update(**{field: value})
+    for qs in (StoredEvent.objects.all(), CurrentTag.objects.all()):
+        with pytest.raises(GuardedChange):
+            qs.delete()
+    StoredEvent.objects.filter(channel_id=channel.uuid).update(received_at=timezone.now())  # harmless: allowed
