@@ -151,7 +151,8 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
     service = _services.get(event.kind)
     if service is None:
         return event.id, WriteResult.rejected(f"blocked: kind {event.kind} is not accepted by this relay")
-    # The duplicate check runs only on the failure paths (the window, the quota): a late or throttled retry
+    # The duplicate check runs only on the failure paths (the window, a full publish queue, the quota): a late,
+    # backed-up or throttled retry
     # of an accepted event is still answered "duplicate:", and an accepted write never pays for the look-up
     # (the services answer resubmissions from their own statements).
     try:
@@ -162,7 +163,7 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
         # Before anything commits: a committed change's signal is never dropped (buzz.live.publisher).
         runtime.publisher().ensure_room()
     except PublisherFull as full:
-        return event.id, WriteResult.rejected(full.reason)
+        return event.id, await _unless_duplicate(service, actor, event, WriteResult.rejected(full.reason))
     try:
         allowed = await take_write_token(actor.community.id, actor.pubkey)
     except Exception as exc:

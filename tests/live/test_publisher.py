@@ -313,6 +313,8 @@ async def test_a_relay_refuses_writes_with_error_while_its_signals_wait_and_publ
                 assert (await client.auth(writer))[2] is True
                 first = message(writer, channel, content="before")
                 assert (await publish(client, first))[2] is True
+                accepted = revision(writer, d=uuid.uuid4(), h=channel)
+                assert (await publish(client, accepted))[2] is True
                 gate.shut()
                 during = [message(writer, channel, content=f"during {n}") for n in range(3)]
                 for event in during:  # committed, OK after the publish wait; the signal stays queued
@@ -323,14 +325,17 @@ async def test_a_relay_refuses_writes_with_error_while_its_signals_wait_and_publ
                 artifact = revision(writer, d=uuid.uuid4(), h=channel)  # the NIP-AR write path too
                 assert (await publish(client, artifact))[2:] == [False, PUBLISH_FAILED]
                 assert not await stored(artifact["id"])
+                # A revision accepted before is still a success when sent again (NIP-AR: a client that lost its
+                # OK never sees a false failure), applying nothing.
+                assert (await publish(client, accepted))[2:] == [True, "duplicate: already accepted"]
                 await asyncio.sleep(1.0)
-                assert [m["event"]["id"] for _, m in rec.messages] == [first["id"]]
+                assert [m["event"]["id"] for _, m in rec.messages] == [first["id"], accepted["id"]]
                 gate.open()
-                expected = [first["id"], *(e["id"] for e in during)]
+                expected = [first["id"], accepted["id"], *(e["id"] for e in during)]
                 await eventually(lambda: [m["event"]["id"] for _, m in rec.messages] == expected, timeout=15.0)
                 after = message(writer, channel, content="after")
                 assert (await publish(client, after))[2] is True  # room again
-                await eventually(lambda: len(rec.messages) == 5, timeout=5.0)
+                await eventually(lambda: len(rec.messages) == 6, timeout=5.0)
                 assert rec.messages[-1][1]["event"]["id"] == after["id"]
     finally:
         await listener.aclose()
