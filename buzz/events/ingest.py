@@ -152,9 +152,8 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
     if service is None:
         return event.id, WriteResult.rejected(f"blocked: kind {event.kind} is not accepted by this relay")
     # The duplicate check runs only on the failure paths (the window, a full publish queue, the quota): a late,
-    # backed-up or throttled retry
-    # of an accepted event is still answered "duplicate:", and an accepted write never pays for the look-up
-    # (the services answer resubmissions from their own statements).
+    # backed-up or throttled retry of an accepted event is still answered "duplicate:", and an accepted write
+    # never pays for the look-up (the services answer resubmissions from their own statements).
     try:
         check_window(event)
     except ProtocolError as err:
