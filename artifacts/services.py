@@ -62,6 +62,7 @@ from buzz.access.policy import (
     access_params,
     check_post,
     decide_post,
+    decide_read,
     has_scope,
     post_allowed_sql,
 )
@@ -514,35 +515,44 @@ def _judge_edit(actor: Actor, env: Envelope, rows: list[Any]) -> WriteResult | _
         # artifact below; it must deny a missing one alike, or the answer would tell that d exists.
         denied = not decision.ok and not _channel_bound(decision.reason)
         return WriteResult.rejected(decision.reason if denied else HEAD_UNAVAILABLE)
+    # A sender who may post in the home but not read it (a token without messages:read) learns nothing of the
+    # artifact from a refusal ("Errors MUST NOT disclose inaccessible artifact details"): every refusal below
+    # depends on the artifact, so each is then what a missing d gets, and only an edit that holds succeeds.
+    unreadable = not decide_read(actor, home, facts[home]).ok
     if not decision.ok:
-        return WriteResult.rejected(HEAD_UNAVAILABLE if _hidden(decision.reason) else decision.reason)
+        hide = _hidden(decision.reason) or (unreadable and _channel_bound(decision.reason))
+        return WriteResult.rejected(HEAD_UNAVAILABLE if hide else decision.reason)
+
+    def refuse(reason: str) -> WriteResult:
+        return WriteResult.rejected(HEAD_UNAVAILABLE if unreadable else reason)
+
     if env.prev != head_id:
-        return WriteResult.rejected(HEAD_CHANGED)
+        return refuse(HEAD_CHANGED)
     if env.type != type_name:
-        return WriteResult.rejected("invalid: type is immutable")
+        return refuse("invalid: type is immutable")
     if deleted and env.op != "restore":
-        return WriteResult.rejected("invalid: the artifact is deleted; only restore is accepted")
+        return refuse("invalid: the artifact is deleted; only restore is accepted")
     if not deleted and env.op == "restore":
-        return WriteResult.rejected("invalid: only a deleted artifact can be restored")
+        return refuse("invalid: only a deleted artifact can be restored")
     source: uuid.UUID | None = None
     if env.op == "move":
         if env.h == home:
-            return WriteResult.rejected("invalid: a move changes h; use update to stay in the channel")
+            return refuse("invalid: a move changes h; use update to stay in the channel")
         destination = decide_post(actor, env.h, facts[env.h])
         if not destination.ok:
-            return WriteResult.rejected(destination.reason)
+            return refuse(destination.reason)
         if not anchor_ok:
-            return WriteResult.rejected("invalid: a move's root must be absent or a message in the destination")
+            return refuse("invalid: a move's root must be absent or a message in the destination")
         source = home
     else:
         if env.h != home:
-            return WriteResult.rejected(f"invalid: {env.op} keeps h; changing the channel is a move")
+            return refuse(f"invalid: {env.op} keeps h; changing the channel is a move")
         if env.op == "delete":
             if env.root != root:
-                return WriteResult.rejected("invalid: a delete keeps the artifact's root")
+                return refuse("invalid: a delete keeps the artifact's root")
         elif env.root != root and not anchor_ok:
             # A root that is kept needs no anchor any more; a new one must exist now.
-            return WriteResult.rejected(ANCHOR_INVALID)
+            return refuse(ANCHOR_INVALID)
     removal = removal_event(actor.community, d=env.d, source=source, replaced=head_id) if source else None
     h_pk = facts[env.h].channel_pk
     if h_pk is None:  # decide_post allowed a post to h, so h exists

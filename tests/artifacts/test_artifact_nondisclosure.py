@@ -224,3 +224,47 @@ async def compare_http(
     ws = await publish(client, real_event)
     if ws[2:] != [False, real[1]["message"]]:
         failures.append(f"{name}/{cred} {label}: WS {ws[2:]} vs HTTP {real}")
+
+
+async def test_a_writer_that_cannot_read_learns_nothing_from_a_refusal(
+    world: World, relay_factory: Any, redis_flush: Any
+) -> None:
+    """A member of the private channel whose token has messages:write but not messages:read may post there and
+    can't read it: every refused edit of an artifact there answers as for a missing d, whatever its mistake
+    (a stale prev, another type, restore of a live one, update of a deleted one, a move that keeps h)."""
+    from buzz.chat import channels
+
+    bob = Signer.generate()
+
+    def admit_bob() -> str:
+        from buzz.identity.communities import member_add
+
+        member_add(community=world.community, pubkey=bob.pubkey)
+        channels.member_put(community=world.community, channel_uuid=world.secret, actor=None, pubkey=bob.pubkey)
+        return make_token(world.community, bob, ["messages:write"])
+
+    token = await sync_to_async(admit_bob)()
+    relay = relay_factory(**RELAY_ENV)
+    planted = await plant_secrets(relay, world)
+    before = await revision_count()
+    live, gone = planted.live, planted.deleted
+    cases = [
+        ("stale prev", {"d": live, "op": "update", "prev": secrets.token_hex(32), "type_": SECRET_TYPE}),
+        ("another type", {"d": live, "op": "update", "prev": planted.live_head, "type_": "buzz.task"}),
+        ("restore of a live one", {"d": live, "op": "restore", "prev": planted.live_head, "type_": SECRET_TYPE}),
+        ("update of a deleted one", {"d": gone, "op": "update", "prev": planted.deleted_head, "type_": SECRET_TYPE}),
+        ("move that keeps h", {"d": live, "op": "move", "prev": planted.live_head, "type_": SECRET_TYPE}),
+    ]
+    failures = []
+    bearer = RelayClient.bearer(token)
+    async with RelayClient.connect(relay.ws_url, host=HOST, authorization=bearer) as client:
+        for label, fields in cases:
+            real = await publish(client, revision(bob, h=world.secret, **fields))
+            fake = await publish(client, revision(bob, h=world.secret, **{**fields, "d": uuid.uuid4()}))
+            if real[2:] != [False, HEAD_UNAVAILABLE] or fake[2:] != real[2:]:
+                failures.append(f"{label}: existing {real[2:]} vs missing {fake[2:]}")
+        # It may still post: the token writes.
+        message = bob.sign_event(kind=9, tags=[["h", str(world.secret)]], content="hello").to_dict()
+        assert (await publish(client, message))[2] is True
+    assert not failures, "\n".join(failures)
+    assert await revision_count() == before
