@@ -248,7 +248,7 @@ async def test_a_writer_that_cannot_read_learns_nothing_from_a_refusal(
     planted = await plant_secrets(relay, world)
     before = await revision_count()
     live, gone = planted.live, planted.deleted
-    cases = [
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("stale prev", {"d": live, "op": "update", "prev": secrets.token_hex(32), "type_": SECRET_TYPE}),
         ("another type", {"d": live, "op": "update", "prev": planted.live_head, "type_": "buzz.task"}),
         ("restore of a live one", {"d": live, "op": "restore", "prev": planted.live_head, "type_": SECRET_TYPE}),
