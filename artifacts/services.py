@@ -13,9 +13,11 @@ before the envelope's own reason. Then, without a transaction (each write is one
   edit: ONE read of the artifact row, the policy's facts for the artifact's home and for h (a move's
     destination), the root anchor and the resubmission check (no lock), the checks, then ONE statement
     that advances the head by compare-and-set (UPDATE ... WHERE head_id = prev: two competing edits
-    can't both succeed) and only then inserts the revision, replaces the current-tag index, records new
-    mentions and, for a move, stores the relay-signed kind-45011 removal. An edit that loses the
-    compare-and-set to a concurrent one is checked again against the head that won.
+    can't both succeed), guarded by the policy's facts for the home and h read again in it (access is
+    decided where the write happens, as for kind 9), and only then inserts the revision, replaces the
+    current-tag index, records new mentions and, for a move, stores the relay-signed kind-45011 removal.
+    An edit that loses the compare-and-set to a concurrent one, or whose access changed since the read,
+    is checked again against the state that won.
   update (the common edit: same channel, same type): ONE statement, one round trip (_UPDATE): the
     edit's read and its compare-and-set, the write guarded in SQL by every check `_judge_edit` makes
     of an update, which then answers on the returned row as for any edit. An update it accepts that
@@ -248,9 +250,19 @@ def _head_change_ctes(*, artifact: str, allowed: str, mentions: str, channel_pk:
 # Everything hangs on `head`, the compare-and-set: when the head is no longer prev it updates no row and
 # nothing else is written. Under READ COMMITTED an UPDATE that waited for a competing edit re-checks
 # head_id against the row that edit committed. The caller decided on _READ's row; mentions exclude the
-# p tags the last revision that is not a deletion carried (computed from that row).
-_ADVANCE = hot_statement(f"""
-WITH {_head_change_ctes(artifact="%(artifact)s", allowed="true", mentions="true", channel_pk="%(h_pk)s::bigint")},
+# p tags the last revision that is not a deletion carried (computed from that row). The write is also
+# guarded by the policy's facts for the artifact's home and for h, read again in this statement, as kind 9
+# decides at the point it writes: a ban, a removal, an archive or a deletion that committed after _READ
+# makes it write nothing, and the edit is read and judged again (`_edit`). Longer than psycopg's conversion
+# cache takes, it runs on a raw cursor (buzz.sqltext.raw_statement).
+_ADVANCE_ALLOWED = f"(SELECT bool_and({post_allowed_sql('f')}) FROM facts f)"  # noqa: S608 - from code
+_ADVANCE_CHANGE = _head_change_ctes(
+    artifact="%(artifact)s", allowed=_ADVANCE_ALLOWED, mentions="true", channel_pk="%(h_pk)s::bigint"
+)
+_ADVANCE = raw_statement(f"""
+WITH facts AS (
+{access_facts_sql("ARRAY[%(home)s::uuid, %(h)s::uuid]")}
+), {_ADVANCE_CHANGE},
 removal AS (
   INSERT INTO artifacts_moveremoval (id, community_id, artifact_id, source, replaced, move_id, raw, seq, accepted_at)
   SELECT %(removal_id)s::varchar, %(community)s, head.id, %(source)s, %(prev)s, %(id)s, %(removal_raw)s::text,
@@ -457,10 +469,15 @@ def advance_params(
     carried: list[str],
     removal: Event | None,
     source: uuid.UUID | None,
+    owner: str | None = None,
 ) -> dict[str, Any]:
-    """The parameters of the compare-and-set statement; `channel_pk` is h's primary key (the read's facts)."""
+    """The parameters of the compare-and-set statement; `channel_pk` is h's primary key (the read's facts), and
+    the policy's facts are read again for the artifact's home (a move's source, else h) and h."""
+    home = source if source is not None else env.h
     return {
+        **access_params(actor, [home, env.h], owner=owner),
         **_head_change_params(actor, event, env),
+        "home": home,
         "artifact": artifact,
         "h_pk": channel_pk,
         # Mentions only for p tags the last revision that is not a deletion did not carry (a deletion
@@ -584,8 +601,11 @@ async def _edit_once(
         carried=judged.carried,
         removal=judged.removal,
         source=judged.source,
+        owner=owner,
     )
-    seq = await (await conn.execute(_ADVANCE, params)).fetchone()
+    cursor = psycopg.AsyncRawCursor(conn)
+    await cursor.execute(_ADVANCE.text, _ADVANCE.args(params))
+    seq = await cursor.fetchone()
     if seq is None:
         return None
     return WriteResult.accepted(), _published(event, env, judged)

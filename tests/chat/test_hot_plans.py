@@ -340,7 +340,7 @@ def hot_statements(fresh: Fresh) -> dict[str, tuple[str, dict[str, Any]]]:
     advance = advance_params(
         actor, event, env, artifact=ARTIFACT_AT, channel_pk=channel_pk[0], carried=[], removal=None, source=None
     )
-    out["edit_advance"] = (_ADVANCE, advance)
+    out["edit_advance"] = (_ADVANCE.named, advance)
     # The update in one statement: the read and the guarded compare-and-set (its named text; the service
     # runs the same statement with $n placeholders).
     out["edit_update"] = (_UPDATE.named, update_params(actor, event, env, None))
