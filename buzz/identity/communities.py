@@ -9,10 +9,11 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import connection, models, transaction
 
 from buzz.access.changes import access_changed
 from buzz.live import signals
@@ -135,6 +136,112 @@ def member_remove(*, community: Community, pubkey: str) -> bool:
     return bool(deleted)
 
 
+@dataclass(frozen=True, slots=True)
+class PurgeStep:
+    """One table's rows of a community: `where` selects them, with the community's id as %(community)s."""
+
+    table: str
+    where: str
+
+
+def _fk_column(model: type[models.Model], target: type[models.Model]) -> list[models.ForeignKey[Any, Any]]:
+    return [f for f in model._meta.concrete_fields if isinstance(f, models.ForeignKey) and f.related_model is target]
+
+
+def deletion_plan() -> list[PurgeStep]:
+    """Every table whose rows belong to a community, in the order a deletion empties them (a table whose rows
+    are found through another table's rows before that table). Found from the installed models, so a new
+    model is covered as soon as it has a foreign key to Community or to a table covered here: a row with a
+    foreign key to Community is the community's; a row whose foreign key cascades from a row of the
+    community's is too. Raises ImproperlyConfigured for a foreign key that would not cascade (PROTECT,
+    SET_NULL...) from a row of the community's: deleting it would break that row, or keep data that belongs
+    to nobody."""
+    quote = connection.ops.quote_name
+    # model -> (how many foreign keys away from Community, the condition selecting the community's rows)
+    owned: dict[type[models.Model], tuple[int, str]] = {Community: (0, '"id" = %(community)s')}
+    concrete = [m for m in apps.get_models() if m._meta.managed and not m._meta.proxy]
+    changed = True
+    while changed:
+        changed = False
+        for model in concrete:
+            if model in owned:
+                continue
+            direct = _fk_column(model, Community)
+            if direct:
+                owned[model] = (1, f"{quote(direct[0].column)} = %(community)s")
+                changed = True
+                continue
+            for field in model._meta.concrete_fields:
+                if not isinstance(field, models.ForeignKey):
+                    continue
+                parent = field.related_model
+                if parent not in owned or parent is Community:
+                    continue
+                depth, where = owned[parent]
+                target = quote(field.target_field.column)
+                owned[model] = (
+                    depth + 1,
+                    f"{quote(field.column)} IN (SELECT {target} FROM {quote(parent._meta.db_table)} WHERE {where})",  # noqa: S608
+                )
+                changed = True
+                break
+    for model in concrete:
+        for field in model._meta.concrete_fields:
+            if not isinstance(field, models.ForeignKey) or field.related_model not in owned:
+                continue
+            if field.remote_field.on_delete is not models.CASCADE:
+                raise ImproperlyConfigured(
+                    f"{model.__name__}.{field.name} does not cascade from {field.related_model.__name__}:"
+                    " a community's deletion can't decide what becomes of its rows"
+                )
+    steps = sorted(
+        ((depth, model._meta.db_table, where) for model, (depth, where) in owned.items()),
+        key=lambda step: (-step[0], step[1]),
+    )
+    return [PurgeStep(quote(table), where) for _, table, where in steps]
+
+
+def deletion_counts(*, community: Community) -> dict[str, int]:
+    """The rows `community_delete` would delete now, per table (for the operator's confirmation)."""
+    counts: dict[str, int] = {}
+    with connection.cursor() as cursor:
+        for step in deletion_plan():
+            cursor.execute(f"SELECT count(*) FROM {step.table} WHERE {step.where}", {"community": community.pk})  # noqa: S608
+            counts[step.table.strip('"')] = int(cursor.fetchone()[0])  # type: ignore[index]
+    return counts
+
+
+def community_delete(*, community: Community) -> dict[str, int]:
+    """Delete a community and everything in it, in one transaction: its relay members, tokens, bans,
+    channels and memberships, stored events, artifacts with their revisions, current tags, move-source
+    records and policy stamp, audit records and retention policy (`deletion_plan`). Returns the rows
+    deleted per table.
+
+    Admission closes with the commit: every later check reads the community's row (buzz.access.policy),
+    and there is none; its host is unknown to every relay process once that process's directory entry
+    expires (seconds). After commit, every open subscription of the community re-checks its reader and ends
+    (a REQ with CLOSED "restricted: ...", a sync with CLOSED "resync: ..."), on every node. A write that
+    was under way commits nothing: the community's row is locked first, so the write's foreign key check
+    waits for this deletion and then fails.
+
+    The audit log is the community's and goes with it; the caller reports the deletion (the command
+    prints it). Django's own cascade (Community.delete() in a shell) would delete the rows but tell no
+    open subscription, which is why the admin does not offer it."""
+    counts: dict[str, int] = {}
+    plan = deletion_plan()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM buzz_community WHERE id = %s FOR UPDATE", [community.pk])
+        if cursor.fetchone() is None:
+            raise ValidationError(f"community {community.host} no longer exists")
+        for step in plan:
+            cursor.execute(f"DELETE FROM {step.table} WHERE {step.where}", {"community": community.pk})  # noqa: S608
+            counts[step.table.strip('"')] = cursor.rowcount
+        # Every node's subscriptions of this community re-check their reader, who is admitted no more.
+        signals.publish_standing_on_commit(community.pk, None, signals.WHY_COMMUNITY_DELETED)
+        transaction.on_commit(directory.clear)  # this process forgets the host at once
+    return counts
+
+
 def community_by_host(host: str) -> Community:
     """Raises Community.DoesNotExist for an unknown host."""
     return Community.objects.get(host=normalize_host(host))
@@ -250,7 +357,13 @@ async def relay_role(community_id: int, pubkey: str) -> str | None:
 
 
 async def admitted(community: CommunityInfo, pubkey: str) -> bool:
-    """NIP-42 admission: members-only communities admit relay members only."""
-    if community.admission == AdmissionMode.OPEN:
-        return True
-    return await relay_role(community.id, pubkey) is not None
+    """NIP-42 admission, on the community's row as it is now (buzz.access.policy.admitted_sql), not on the
+    directory's copy: an open community admits every pubkey, a members-only one its relay members, and a
+    community deleted since the directory cached it nobody."""
+    from buzz.access.policy import admitted_sql
+
+    pool = await runtime.pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(f"SELECT {admitted_sql('%s', '%s')}", (community.id, pubkey))
+        row = await cur.fetchone()
+    return bool(row and row[0])

@@ -56,6 +56,7 @@ WHY_BAN: Final = "ban"
 WHY_RELAY_MEMBER: Final = "relay-member"  # removed from the community's relay members
 WHY_TOKEN_REVOKED: Final = "token-revoked"  # noqa: S105 - a reason, not a secret
 WHY_ADMISSION: Final = "admission"  # the community's admission mode (every pubkey)
+WHY_COMMUNITY_DELETED: Final = "community-deleted"  # the community and everything in it (every pubkey)
 # A token's expiry sends no signal: a subscription of a connection whose token expires re-checks its
 # standing at that instant by itself (buzz.ws.req), as it would on a standing signal.
 

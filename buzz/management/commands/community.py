@@ -7,7 +7,13 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from buzz.identity.communities import community_create, member_add, member_remove
+from buzz.identity.communities import (
+    community_create,
+    community_delete,
+    deletion_counts,
+    member_add,
+    member_remove,
+)
 from buzz.management.commands._common import actions, community_arg, manage_command
 from buzz.models import AdmissionMode, Community, RelayRole
 
@@ -44,6 +50,15 @@ class Command(BaseCommand):
         members.add_argument("--host", required=True)
 
         add("list", "List communities with their public URL, relay pubkey and member count.")
+
+        delete = add(
+            "delete",
+            "Delete a community and everything in it (channels, messages, artifacts and their history, members,"
+            " tokens, bans, audit log). Its connections lose access at once on every node; its host is unknown"
+            " to each relay process within seconds. Without --yes, prints what would be deleted.",
+        )
+        delete.add_argument("--host", required=True)
+        delete.add_argument("--yes", action="store_true", help="confirm: delete it")
 
         local = add("ensure-local", "Make sure a community exists for localhost (used by `make run`).")
         local.add_argument("--port", type=int, default=7777)
@@ -90,6 +105,23 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{c.host}\t{c.name}\t{c.public_url}\t{c.admission}\t{c.members.count()} members\t{c.relay_pubkey}"
             )
+
+    def _delete(self, opts: dict[str, Any]) -> None:
+        community = community_arg(opts["host"])
+        if not opts["yes"]:
+            counts = deletion_counts(community=community)
+            self.stdout.write(f"deleting {community.host} ({community.name!r}) would delete:")
+            for table, n in sorted(counts.items()):
+                if n:
+                    self.stdout.write(f"  {n}\t{table}")
+            confirm = manage_command("community", "delete", "--host", community.host, "--yes")
+            raise CommandError(f"nothing deleted; to delete it, run:\n  {confirm}")
+        host = community.host
+        counts = community_delete(community=community)
+        self.stdout.write(f"deleted community {host}: {sum(counts.values())} rows")
+        for table, n in sorted(counts.items()):
+            if n:
+                self.stdout.write(f"  {n}\t{table}")
 
     def _ensure_local(self, opts: dict[str, Any]) -> None:
         port = opts["port"]
