@@ -11,6 +11,7 @@ of a kind-9 reply.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -133,6 +134,29 @@ async def _unless_duplicate(service: KindService, actor: Actor, event: Event, re
         return WriteResult.rejected("error: could not store the event, try again")
     failures.succeeded(f"duplicate check for kind {event.kind}")
     return WriteResult.accepted("duplicate: already accepted") if seen else refused
+
+
+# Detached ingests still running (asyncio keeps only weak references to tasks).
+_detached: set[asyncio.Task[tuple[str, WriteResult]]] = set()
+
+
+def _detached_done(task: asyncio.Task[tuple[str, WriteResult]]) -> None:
+    _detached.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a write whose client went away failed", exc_info=task.exception())
+
+
+async def ingest_detached(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
+    """`ingest`, run to its end even when the caller is cancelled. An HTTP view is cancelled when its client
+    goes away (Django's handler and buzz.web.front both do it); a cancelled `ingest` could stop between a
+    commit and the publish of its signals (while its statement runs, psycopg lets it commit and then
+    raises), and every sync of the channel would miss that change with no resync (NIP-AR sync rule 5).
+    Detached, the write and its publish finish, and only the answer is lost, as with a dropped OK. The
+    WebSocket consumer calls `ingest` itself: nothing cancels a frame's handling when its client leaves."""
+    task = asyncio.ensure_future(ingest(actor, raw))
+    _detached.add(task)
+    task.add_done_callback(_detached_done)
+    return await asyncio.shield(task)
 
 
 async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:

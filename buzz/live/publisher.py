@@ -35,6 +35,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -136,21 +137,39 @@ class Publisher:
         if the publisher stopped before sending it. For a caller that answers OK only after the
         signal is out; cancelling the wait does not cancel the publish.
         """
+        return await self.publish_all_confirmed([(topic, message)], timeout=timeout)
+
+    async def publish_all_confirmed(self, messages: Sequence[tuple[str, dict[str, Any]]], *, timeout: float) -> bool:
+        """`publish_confirmed` for several messages of one change (a move's arrival and its removal): all are
+        queued before anything is awaited, so a wait cancelled by a client that went away never leaves one
+        of them unqueued. True once every one is published; False if `timeout` passes first (they stay
+        queued and keep being retried)."""
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self._enqueue(topic, message, waiter)
-        # The waiter itself is awaited, and settled False when the time is up: a cancelled wait cancels
-        # only the waiter (the sender skips a waiter that is done), never the queued message.
-        timer = loop.call_later(timeout, _settle, waiter, False)
+        encoded = [(topic, encode_message(message)) for topic, message in messages]  # all encode, or none is queued
+        waiters: list[asyncio.Future[bool]] = []
+        for topic, payload in encoded:
+            waiter: asyncio.Future[bool] = loop.create_future()
+            self._append(topic, payload, waiter)
+            waiters.append(waiter)
+        # The waiters themselves are awaited, and settled False when the time is up: a cancelled wait cancels
+        # only the waiters (the sender skips a waiter that is done), never the queued messages.
+        timer = loop.call_later(timeout, _settle_all, waiters, False)
         try:
-            return await waiter
+            published = True
+            for waiter in waiters:
+                published = await waiter and published
+            return published
         finally:
             timer.cancel()
+            for waiter in waiters:
+                waiter.cancel()  # a wait cut short: the sender skips them
 
     def _enqueue(self, topic: str, message: dict[str, Any], waiter: asyncio.Future[bool] | None) -> None:
+        self._append(topic, encode_message(message), waiter)  # fails now, in the caller, if it can never be sent
+
+    def _append(self, topic: str, payload: bytes, waiter: asyncio.Future[bool] | None) -> None:
         if self._closed:
             raise RuntimeError("publisher is closed")
-        payload = encode_message(message)  # fails now, in the caller, for a message that can never be sent
         loop = asyncio.get_running_loop()
         # Never refused here: the change has committed (the bound is ensure_room, before the commit).
         self._seq += 1
@@ -229,6 +248,11 @@ class Publisher:
 def _settle(waiter: asyncio.Future[bool], value: bool) -> None:
     if not waiter.done():
         waiter.set_result(value)
+
+
+def _settle_all(waiters: Sequence[asyncio.Future[bool]], value: bool) -> None:
+    for waiter in waiters:
+        _settle(waiter, value)
 
 
 @functools.lru_cache(maxsize=8)

@@ -117,11 +117,13 @@ def standing_topics(community_id: int, pubkey: str) -> list[str]:
 async def publish_committed(community_id: int, items: Sequence[tuple[uuid.UUID, dict[str, Any]]]) -> None:
     """After commit, before OK: publish each (channel, message), retried until Redis takes it.
 
-    Waits up to PUBLISH_WAIT for the confirmation of each; a slower one stays queued and is retried.
+    All are queued at once, before any wait (a caller cancelled while it waits, an HTTP client that went
+    away, leaves none of them out); then waits up to PUBLISH_WAIT for their confirmation; a slower one
+    stays queued and is retried.
     """
-    publisher = runtime.publisher()
-    for channel, message in items:
-        await publisher.publish_confirmed(channel_topic(community_id, channel), message, timeout=PUBLISH_WAIT)
+    await runtime.publisher().publish_all_confirmed(
+        [(channel_topic(community_id, channel), message) for channel, message in items], timeout=PUBLISH_WAIT
+    )
 
 
 def publish_on_commit(community_id: int, channel: uuid.UUID, message: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from buzz.access.policy import check_read, parse_channel_id
 from buzz.chat import counters
 from buzz.errors import Refused
-from buzz.events.ingest import event_id_of, ingest
+from buzz.events.ingest import event_id_of, ingest_detached
 from buzz.identity.actor import Actor
 from buzz.identity.httpauth import authenticate
 from buzz.nostr import strictjson
@@ -66,7 +66,7 @@ async def post_event(request: HttpRequest) -> JsonResponse:
         return _write_reply(event_id_of(raw), False, err.reason, status_of(err.reason))
     if raw is None:
         return _write_reply("", False, refusal, 400)
-    event_id, result = await ingest(actor, raw)
+    event_id, result = await ingest_detached(actor, raw)
     return _write_reply(event_id, result.ok, result.message, 200 if result.ok else status_of(result.message))
 
 
