@@ -73,6 +73,7 @@ from buzz.events.ingest import WriteResult
 from buzz.events.store import insert_ctes, insert_params
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
+from buzz.limits import limits
 from buzz.live import signals
 from buzz.nostr import Event, ProtocolError, Signer, verify_owner_attestation
 from buzz.runtime import runtime
@@ -658,7 +659,13 @@ def nip11_section(community: CommunityInfo) -> dict[str, Any]:
         "version": 1,
         "envelope": ENVELOPE_VERSION,
         "modes": [mode for mode in MODES if sync or mode != "head"],
-        "limits": {**DEFAULT_LIMITS.nip11(), **QUERY_LIMITS.nip11()},
+        # A revision passes the relay's event checks first (BUZZ_MAX_EVENT_TAGS), then the envelope's: the
+        # smaller bound is the one a client meets.
+        "limits": {
+            **DEFAULT_LIMITS.nip11(),
+            "max_tags": min(DEFAULT_LIMITS.max_tags, limits().max_event_tags),
+            **QUERY_LIMITS.nip11(),
+        },
         "query_budget_ms": settings.BUZZ_QUERY_BUDGET_MS,
     }
     if sync:

@@ -136,11 +136,9 @@ async def _incremental(request: HttpRequest) -> HttpResponse:
     one operation slot and budget. Every failure is a JSON {"error", "reason", "message"}; none carries
     a cursor or a checkpoint."""
     if len(request.body) > MAX_BODY:
-        return _incremental_failure(
-            incremental.IncrementalError(
-                413, "incremental_limit", "request_bytes", f"body larger than {MAX_BODY} bytes"
-            )
-        )
+        # Every valid request is far smaller: an invalid request (400), not a result too large (413, which
+        # tells a client to split its batch).
+        return _incremental_failure(incremental.invalid(f"body larger than {MAX_BODY} bytes"))
     deadline = asyncio.get_running_loop().time() + incremental.OPERATION_BUDGET_SECONDS
 
     async def work() -> str:

@@ -61,3 +61,31 @@ async def test_kinds_registered_only_to_be_refused_are_not_advertised(owner: Sig
         ):
             reply = await send(client, owner.sign_event(kind=kind, tags=tags, content="").to_dict())
             assert reply[2] is False and reply[3].startswith("invalid:"), (kind, reply)
+
+
+async def test_the_advertised_tag_bound_is_the_one_a_revision_meets(owner: Signer, relay_factory: Any) -> None:
+    """A revision passes the relay's event checks (BUZZ_MAX_EVENT_TAGS) before the envelope's 256: with the
+    relay's bound set lower, `artifacts.limits.max_tags` says that bound, and a revision at it is accepted,
+    one past it refused."""
+    from buzz.chat import channels
+    from buzz.models import Community
+    from tests.artifacts.write_support import revision
+
+    relay = relay_factory(BUZZ_MAX_EVENT_TAGS="100", BUZZ_WRITES_PER_SECOND="0")
+    doc = await asyncio.to_thread(nip11, relay)
+    assert doc["limitation"]["max_event_tags"] == 100
+    assert doc["artifacts"]["limits"]["max_tags"] == 100
+    channel = uuid.uuid4()
+    community = await Community.objects.aget(host=HOST)
+    await asyncio.to_thread(
+        channels.channel_create, community=community, channel_uuid=channel, name="tags", creator=owner.pubkey
+    )
+    async with RelayClient.connect(relay.ws_url, host=HOST) as client:
+        assert (await client.auth(owner))[2] is True
+        envelope = 6  # ar, d, h, type, title, op
+        for extra, ok in ((100 - envelope, True), (101 - envelope, False)):
+            event = revision(owner, d=uuid.uuid4(), h=channel, op="create", extra=[["x", str(i)] for i in range(extra)])
+            reply = await send(client, event)
+            assert reply[2] is ok, reply
+            if not ok:
+                assert reply[3] == "invalid: too many tags (max 100)", reply

@@ -17,6 +17,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.core import signing
 
+from artifacts.views import MAX_BODY
 from buzz.chat import bans, channels
 from buzz.nostr import Signer
 from tests.incremental.support import SIGNING_KEY, current_ids, env, incremental, post
@@ -107,6 +108,8 @@ async def test_invalid_requests_are_400_incremental_invalid(
         # A key named twice: json.loads would keep the last (another query, or a cursor read as a first page).
         b'[{"artifact": "incremental", "query": {"artifact": "current", "#x": ["a"], "#x": ["b"]}}]',
         b'[{"artifact": "incremental", "query": {"artifact": "current"}, "cursor": "c", "cursor": null}]',
+        # Larger than any valid request: invalid, not incremental_limit (which says "split the batch").
+        json.dumps([{"artifact": "incremental", "query": QUERY, "cursor": "c" * MAX_BODY}]).encode(),
     ],
 )
 async def test_a_malformed_incremental_body_is_answered_as_an_incremental_read(
