@@ -482,18 +482,20 @@ class SyncSubscription:
         return (await check_read(self._actor(), channel)).ok
 
     async def _removal(self, head: Head) -> str | None:
-        """The 45011 stored in a channel of this sync when the artifact moved where the reader can't read."""
+        """The 45011 stored in a channel of this sync when the artifact moved where the reader can't read: the
+        latest removal from this sync's channels (the move that took it out). None when there is none, or when
+        that one was redacted: an earlier removal names an earlier revision, and is no answer for this move."""
         pool = await runtime.pool()
         async with pool.connection() as conn:
             row = await (
                 await conn.execute(
-                    "SELECT m.raw FROM artifacts_moveremoval m JOIN artifacts_artifact a ON a.id = m.artifact_id"
-                    " WHERE a.community_id = %s AND a.d = %s AND m.source = ANY(%s) AND m.redacted_at IS NULL"
-                    " ORDER BY m.seq DESC LIMIT 1",
+                    "SELECT m.raw, m.redacted_at IS NULL FROM artifacts_moveremoval m"
+                    " JOIN artifacts_artifact a ON a.id = m.artifact_id"
+                    " WHERE a.community_id = %s AND a.d = %s AND m.source = ANY(%s) ORDER BY m.seq DESC LIMIT 1",
                     (self.host.community.id, uuid.UUID(head.d), sorted(self._channels)),
                 )
             ).fetchone()
-        return str(row[0]) if row else None
+        return str(row[0]) if row and row[1] else None
 
     # --- hub callbacks (buzz.live.hub.Listener; never block) ----------------------------
 
