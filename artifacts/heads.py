@@ -27,9 +27,14 @@ log = logging.getLogger(__name__)
 # d values per query; a larger batch is split.
 BATCH_MAX = 500
 
+# With each head, the access epoch of its channel (Channel.access_epoch) and the community's policy stamp
+# (artifacts.incremental): read in the same statement, so a sync that knew other values checks its reader's
+# access before it sends the head (a change whose signal has not reached it yet).
 _HEADS = """
-SELECT a.d, a.home, a.deleted, a.retired, r.id, r.seq, r.raw
+SELECT a.d, a.home, a.deleted, a.retired, r.id, r.seq, r.raw, c.access_epoch,
+       (SELECT s.stamp FROM artifacts_policystamp s WHERE s.community_id = a.community_id)
 FROM artifacts_artifact a JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id
+LEFT JOIN buzz_channel c ON c.community_id = a.community_id AND c.uuid = a.home
 WHERE a.community_id = %s AND a.d = ANY(%s::uuid[])
 """
 
@@ -47,6 +52,8 @@ class Head:
     raw: str
     # (tag name, first value) pairs of the head, as artifacts.envelope.match_tags gives them.
     tags: tuple[tuple[str, str], ...]
+    # Who may read `home`, as of this read: (its channel's access epoch, the community's policy stamp).
+    access: tuple[int, int] = (0, 0)
     # Whether the head matches a query's predicates, by predicates, filled in by the syncs that ask:
     # one Head answers every sync of the process that reads this d in one batch.
     matched: dict[Any, bool] = field(default_factory=dict, compare=False, repr=False)
@@ -66,7 +73,7 @@ def _match_tags(raw_tags: Sequence[Any]) -> tuple[tuple[str, str], ...]:
 
 
 def head_of(row: tuple[Any, ...]) -> Head:
-    d, home, deleted, retired, event_id, seq, raw = row
+    d, home, deleted, retired, event_id, seq, raw, epoch, stamp = row
     return Head(
         d=str(d),
         home=home,
@@ -76,6 +83,7 @@ def head_of(row: tuple[Any, ...]) -> Head:
         seq=int(seq),
         raw=raw,
         tags=_match_tags(json.loads(raw)["tags"]),
+        access=(int(epoch or 0), int(stamp or 0)),
     )
 
 

@@ -41,6 +41,7 @@ from typing import Any, Final
 
 import psycopg.errors
 from django.conf import settings
+from psycopg import AsyncConnection
 
 from artifacts.census import Registration, census
 from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
@@ -120,6 +121,10 @@ class _ByteBuffer:
         return text
 
 
+# How many times a head that left the sync's channels is read again when it keeps moving (`_left`).
+_LEFT_READS: Final = 3
+
+
 class SyncSubscription:
     """One sync: its filter, scope, held and sent d, and the tasks that serve it."""
 
@@ -145,8 +150,13 @@ class SyncSubscription:
         self._last: dict[str, int] = {}
         # Changed d not read yet, in arrival order (held before EOSE, live after).
         self._pending: dict[str, None] = {}
-        self._wake = asyncio.Event()  # a head for the slow path (`_left`) is waiting
-        self._slow: tuple[str, Head] | None = None
+        self._wake = asyncio.Event()  # a head for the slow path (`_left`, `_recheck`) is waiting
+        self._slow: tuple[str, Head, bool] | None = None  # (d, head, left: True for `_left`, else `_recheck`)
+        # Channel -> (its access epoch, the community's policy stamp) when the reader's access to it was last
+        # decided. A head read with other values goes out only after the reader's access is checked again:
+        # the change's own signal may not have come yet (Redis orders no two publishers' messages).
+        self._access: dict[uuid.UUID, tuple[int, int]] = {}
+        self._snapshot_access: dict[uuid.UUID, tuple[int, int]] = {}
         # The d whose head read (or its slow path) is in progress: the next read waits for it.
         self._reading: str | None = None
         self._reader: HeadReader | None = None  # the process's head reader, once live
@@ -217,6 +227,8 @@ class SyncSubscription:
             # two is signalled to a subscription that is already listening, never missed.
             if not await self._subscribe():
                 return
+            # Read before the access check: what changes after this read is checked again before it counts.
+            self._access = await self._read_access()
             if not await self._scope():
                 return
             self._counted = census().register(self.host.community.id, self._channels)
@@ -294,7 +306,7 @@ class SyncSubscription:
                 drain.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await drain
-        if self.ended:
+        if self.ended or not await self._access_held(self._snapshot_access):
             return False
         await self.host.outbound.put(_dumps(["EOSE", self.sub_id]), timeout=SEND_TIMEOUT)
         self._live_phase = True
@@ -331,8 +343,39 @@ class SyncSubscription:
                         continue
                     await buffer.put(text)
                 if len(rows) < self._page_rows:
-                    return
+                    break
                 after = rows[-1][0]
+            # Who reads the channels at the snapshot's instant: the set is exact only if the reader still does.
+            self._snapshot_access = await self._read_access(conn)
+
+    async def _read_access(self, conn: AsyncConnection[Any] | None = None) -> dict[uuid.UUID, tuple[int, int]]:
+        """(access epoch, policy stamp) of each channel #h names, now (on `conn`: in its snapshot)."""
+        community = self.host.community.id
+        sql = (
+            "SELECT c.uuid, c.access_epoch, (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s)"
+            " FROM buzz_channel c WHERE c.community_id = %s AND c.uuid = ANY(%s)"
+        )
+        args = (community, community, sorted(self._named))
+        if conn is None:
+            pool = await runtime.pool()
+            async with pool.connection() as own:
+                rows = await (await own.execute(sql, args)).fetchall()
+        else:
+            rows = await (await conn.execute(sql, args)).fetchall()
+        return {row[0]: (int(row[1]), int(row[2] or 0)) for row in rows}
+
+    async def _access_held(self, now: dict[uuid.UUID, tuple[int, int]]) -> bool:
+        """After the snapshot: where who reads a channel changed since the access check, check the reader again
+        (the change's signal may still be on its way). False, with CLOSED "resync: ...", if it lost access."""
+        for channel in sorted(self._channels):
+            seen = now.get(channel)
+            if seen is None or seen == self._access.get(channel):
+                continue
+            if not await self._can_read(channel):
+                self.resync("access to a channel of this sync changed")
+                return False
+            self._access[channel] = seen
+        return not self.ended
 
     def _send_now(self, text: str) -> bool:
         """The frame goes straight into the send queue when it has room (the common case, no buffer hop)."""
@@ -368,9 +411,9 @@ class SyncSubscription:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            d, head = job
+            d, head, left = job
             try:
-                text = await self._left(d, head)
+                text = await (self._left(d, head) if left else self._recheck(d, head))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -410,7 +453,11 @@ class SyncSubscription:
             return
         if text is _LEFT and head is not None:  # _render answers _LEFT for a head only
             # The read stays in progress until the slow path has queued its result.
-            self._slow = (d, head)
+            self._slow = (d, head, True)
+            self._wake.set()
+            return
+        if text is _RECHECK and head is not None:
+            self._slow = (d, head, False)
             self._wake.set()
             return
         self._reading = None
@@ -436,6 +483,8 @@ class SyncSubscription:
         """
         if head is None:
             return None
+        if head.home in self._channels and head.access != self._access.get(head.home):
+            return _RECHECK  # who reads its channel changed since the reader's access was decided
         if head.retired:
             # Rule 6: a redacted head is withheld, so only a new sync can tell the client it left the set.
             if d in self._holds:
@@ -468,15 +517,61 @@ class SyncSubscription:
 
     async def _left(self, d: str, head: Head) -> str | None:
         """d left for a channel this sync doesn't name: its head if the reader can read it there, else the
-        45011 removal stored in the channel it left."""
-        if await self._can_read(head.home):
-            return self._prefix + head.raw + "]"
-        removal = await self._removal(head)
-        if removal is None:
-            # The removal was redacted: nothing can tell the client the artifact left, but a new sync.
-            self.resync("an artifact of this sync left it and its removal was redacted")
+        45011 removal stored in the channel it left.
+
+        The head was read before the access check, and what happens to it in its new channel is signalled on
+        that channel's topic, which this sync doesn't hear: a redaction that retired it meanwhile would not
+        end the sync. So a readable head is read again after the check, and the fresh one decides."""
+        for _ in range(_LEFT_READS):
+            if not await self._can_read(head.home):
+                removal = await self._removal(head)
+                if removal is None:
+                    # The removal was redacted: nothing can tell the client the artifact left, but a new sync.
+                    self.resync("an artifact of this sync left it and its removal was redacted")
+                    return None
+                return self._prefix + removal + "]"
+            fresh = await self._read_again(d)
+            if fresh is None or fresh.retired:
+                # Withheld now: only a new sync can tell the client that the artifact left (rule 6).
+                self.resync("an artifact of this sync was retired by moderation")
+                return None
+            if fresh.home in self._channels:
+                # It came back. The client still holds it, and its own signal, on a channel this sync hears,
+                # decides what goes out.
+                self._holds.add(d)
+                return None
+            if fresh.home == head.home:
+                self._last[d] = max(self._last.get(d, 0), fresh.seq)
+                return self._prefix + fresh.raw + "]"
+            head = fresh  # it moved on again: decide for its new channel
+        self.resync("an artifact of this sync kept moving while it was read")
+        return None
+
+    async def _read_again(self, d: str) -> Head | None:
+        """d's head as the writer has it now, from a read that starts after this call (raises if it fails)."""
+        answer: asyncio.Future[Head | None] = asyncio.get_running_loop().create_future()
+
+        def done(head: Head | None, exc: BaseException | None) -> None:
+            if not answer.done():
+                if exc is not None:
+                    answer.set_exception(exc)
+                else:
+                    answer.set_result(head)
+
+        reader = self._reader if self._reader is not None else head_reader()
+        reader.submit(self.host.community.id, d, done)
+        return await answer
+
+    async def _recheck(self, d: str, head: Head) -> str | None:
+        """A head of a channel this sync names, read after a change to who reads that channel that this sync
+        has not been told of: the reader's access is checked now. Lost: CLOSED "resync: ..." (the change's
+        own signal would say the same); kept: the head is decided as any other."""
+        if not await self._can_read(head.home):
+            self.resync("access to a channel of this sync changed")
             return None
-        return self._prefix + removal + "]"
+        self._access[head.home] = head.access
+        text = self._render(d, head)
+        return text if isinstance(text, str) else None
 
     async def _can_read(self, channel: uuid.UUID) -> bool:
         return (await check_read(self._actor(), channel)).ok
@@ -590,6 +685,8 @@ _TOO_SLOW: Final = "error: the client did not read the initial set in time; star
 
 # `_render`'s answer when the slow path must decide.
 _LEFT: Any = object()
+# `_render`'s answer for a head of a named channel whose access epoch or policy stamp changed (`_recheck`).
+_RECHECK: Any = object()
 
 
 # The last event `_d_of` looked at, and its d. The hub hands one decoded message to every sync of its

@@ -225,6 +225,10 @@ class Channel(models.Model):
     access_changed_at = models.DateTimeField(
         null=True, blank=True, help_text="last visibility change (database clock); empty if never changed"
     )
+    # Advanced in the transaction of every change to who reads the channel (a membership, the visibility, the
+    # deletion: buzz.chat.channels._signal_access). A live NIP-AR sync compares it, read with each head, with
+    # the value it knew: a change whose signal has not reached it yet is checked before a head goes out.
+    access_epoch = models.BigIntegerField(default=0, db_default=0, editable=False)
 
     objects = ChannelQuerySet.as_manager()
 

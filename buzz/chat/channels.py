@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from buzz.access.changes import access_changed
@@ -49,6 +49,9 @@ class ChannelError(Exception):
 
 
 def _signal_access(channel: Channel, why: str, *, pubkey: str | None = None) -> None:
+    """Inside the transaction that changes who reads `channel`: advance its access epoch, and once it commits,
+    tell every node's subscriptions of the channel (buzz.live.signals)."""
+    Channel.objects.filter(pk=channel.pk).update(access_epoch=F("access_epoch") + 1)
     message = signals.access_message(channel.uuid, why, pubkey=pubkey)
     signals.publish_on_commit(channel.community_id, channel.uuid, message)
 

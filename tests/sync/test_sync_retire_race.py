@@ -70,6 +70,7 @@ def live_sync(host: Host, channel: uuid.UUID, reader: HeldReader) -> SyncSubscri
     sync = SyncSubscription(host, "s", parse_query({"artifact": "current", "#h": [str(channel)]}), [channel])
     # As `_run` leaves it after EOSE: the scope granted, the set sent (empty here), live.
     sync._channels = frozenset([channel])
+    sync._access = {channel: (0, 0)}  # who reads it, as the heads below are read: nothing to check again
     sync._reader = reader  # type: ignore[assignment]
     sync._live_phase = True
     return sync
@@ -130,3 +131,65 @@ async def test_a_head_read_after_the_retirement_sends_nothing_and_keeps_the_sync
     [(_, answer)] = reader.asked
     answer(head(d, channel, seq=5, retired=True), None)  # retired before the read: the client never had it
     assert host.queued() == [] and host.closed == []
+
+
+def moved_out_sync(host: Host, reader: HeldReader, d: str) -> tuple[SyncSubscription, uuid.UUID, uuid.UUID]:
+    """A live sync of channel A holding d; the reader can read B, where d moves (a channel the sync doesn't
+    name). Returns (sync, A, B)."""
+    a, b = uuid.uuid4(), uuid.uuid4()
+    sync = live_sync(host, a, reader)
+    sync._holds.add(d)
+    sync._last[d] = 4
+
+    async def readable(channel: uuid.UUID) -> bool:
+        return True
+
+    sync._can_read = readable  # type: ignore[method-assign]
+    return sync, a, b
+
+
+async def _left_with(sync: SyncSubscription, reader: HeldReader, d: str, moved: Head, again: Head) -> str | None:
+    """`_left` for the moved head, the reader answering its second read with `again`."""
+    task = asyncio.ensure_future(sync._left(d, moved))
+    for _ in range(100):
+        if reader.asked:
+            break
+        await asyncio.sleep(0)
+    [(asked, answer)] = reader.asked
+    assert asked == d
+    answer(again, None)
+    return await task
+
+
+@pytest.mark.asyncio
+async def test_a_moved_out_head_retired_during_the_access_check_ends_the_sync() -> None:
+    """The retirement is signalled on B's topic, which a sync of A doesn't hear: the head is read again after
+    the access check, and the withheld revision is not sent."""
+    host, reader = Host(), HeldReader()
+    d = str(uuid.uuid4())
+    sync, _, b = moved_out_sync(host, reader, d)
+    text = await _left_with(sync, reader, d, head(d, b, seq=5), head(d, b, seq=5, retired=True))
+    assert text is None
+    assert len(host.closed) == 1 and host.closed[0].startswith("resync: ")
+
+
+@pytest.mark.asyncio
+async def test_a_moved_out_head_is_sent_as_the_writer_has_it_after_the_check() -> None:
+    host, reader = Host(), HeldReader()
+    d = str(uuid.uuid4())
+    sync, _, b = moved_out_sync(host, reader, d)
+    later = head(d, b, seq=7)  # edited in B meanwhile
+    text = await _left_with(sync, reader, d, head(d, b, seq=5), later)
+    assert text is not None and later.raw in text and host.closed == []
+    assert sync._last[d] == 7
+
+
+@pytest.mark.asyncio
+async def test_a_head_that_came_back_meanwhile_is_left_to_its_own_signal() -> None:
+    host, reader = Host(), HeldReader()
+    d = str(uuid.uuid4())
+    sync, a, b = moved_out_sync(host, reader, d)
+    sync._holds.discard(d)  # as `_render` leaves it for a head that left
+    text = await _left_with(sync, reader, d, head(d, b, seq=5), head(d, a, seq=6))
+    assert text is None and host.closed == []
+    assert d in sync._holds  # the client still has it: the move back's signal decides what goes out
