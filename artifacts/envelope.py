@@ -9,6 +9,7 @@ grant access (access comes from the stored channel only).
 from __future__ import annotations
 
 import re
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from typing import Final
@@ -83,6 +84,21 @@ def parse_uuid(value: str, name: str) -> uuid.UUID:
     return parsed
 
 
+# Characters that show nothing, beside whitespace: the fillers that render as an empty cell.
+_INVISIBLE: Final = frozenset("\u115f\u1160\u2800\u3164\uffa0")
+
+
+def _shows_nothing(ch: str) -> bool:
+    """Whitespace, a format or control character (zero-width space, direction marks, word joiner, BOM...),
+    or a filler that renders empty."""
+    return ch.isspace() or ch in _INVISIBLE or unicodedata.category(ch) in ("Cf", "Cc")
+
+
+def _blank(title: str) -> bool:
+    """A title a reader would see as blank: nothing in it shows (NIP-AR: a nonblank display title)."""
+    return all(_shows_nothing(ch) for ch in title)
+
+
 def _utf8_len(value: str) -> int:
     return len(value) if value.isascii() else len(value.encode("utf-8"))
 
@@ -142,7 +158,7 @@ def parse_envelope(event: Event, limits: EnvelopeLimits = DEFAULT_LIMITS) -> Env
     else:
         if title is None:
             raise _bad("missing envelope tag title")
-        if not title.strip():
+        if _blank(title):
             raise _bad("title must not be blank")
         if _utf8_len(title) > limits.max_title_bytes:
             raise _bad(f"title is at most {limits.max_title_bytes} bytes")

@@ -173,9 +173,21 @@ def test_type_length() -> None:
         assert parse(envelope_tags(type=value)).type == value
 
 
-@pytest.mark.parametrize("value", ["", " ", "\t\n", "\u3000", "\u00a0 "])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "", " ", "\t\n", "\u3000", "\u00a0 ",
+        # Nothing in these shows either: zero-width space, direction marks, word joiner, BOM, fillers.
+        "\u200b", "\u200e\u200f", "\u2060", "\ufeff", "\u3164", "\u2800", "\u115f\u1160", "\uffa0", " \u200b\u00a0",
+    ],
+)  # fmt: skip
 def test_title_blank(value: str) -> None:
     assert rejection(envelope_tags(title=value)) == "invalid: title must not be blank"
+
+
+@pytest.mark.parametrize("value", ["x", "\u200bx", "a\u2800", "\u00e9", "\U0001f600", "\u3164\u4e00"])
+def test_a_title_with_something_visible_is_not_blank(value: str) -> None:
+    assert parse(envelope_tags(title=value)).title == value
 
 
 def test_title_length_in_utf8_bytes() -> None:
