@@ -19,10 +19,10 @@ import datetime as dt
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from buzz.access.policy import check_read, check_reader
+from buzz.access.policy import Denied, check_read, check_reader
 from buzz.events.query import ReadsBusy, query_events
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
@@ -54,9 +54,18 @@ def dumps(value: Any) -> str:
 
 class ReqSubscription:
     def __init__(
-        self, host: SubscriptionHost, sub_id: str, filters: Sequence[Filter], channels: Sequence[uuid.UUID]
+        self,
+        host: SubscriptionHost,
+        sub_id: str,
+        filters: Sequence[Filter],
+        channels: Sequence[uuid.UUID],
+        *,
+        rescope: Callable[[], Awaitable[Sequence[uuid.UUID]]] | None = None,
     ) -> None:
+        """`channels`: the scope the policy granted when the REQ arrived. `rescope` decides it again (raising
+        Denied): once live interest is confirmed, the REQ reads and delivers only what is readable then."""
         self.host = host
+        self._rescope = rescope
         self.sub_id = sub_id
         self.filters = tuple(filters)
         self.channels = tuple(channels)
@@ -120,6 +129,8 @@ class ReqSubscription:
             except HubUnavailable:
                 self.end("error: live delivery is unavailable right now, try again")
                 return
+            if not await self._scope_again():
+                return
             outbound = self.host.outbound
             sent: set[str] = set()
             self._sent_ids = sent
@@ -151,6 +162,28 @@ class ReqSubscription:
         except Exception:
             log.exception("REQ %s failed", self.sub_id)
             self.end("error: the query failed")
+
+    async def _scope_again(self) -> bool:
+        """The scope decided again, now that live interest is confirmed. An access change that committed
+        between the REQ's first decision and its SUBSCRIBE was signalled to nobody here: decided now, it
+        counts, and every later one is signalled to this subscription. A channel the reader lost leaves the
+        REQ (as it would leave a new one); a named channel it can't read, or its standing, ends it. False when
+        the REQ ended."""
+        if self._rescope is None:
+            return True
+        try:
+            now = frozenset(await self._rescope())
+        except Denied as err:
+            self.end(err.reason)
+            return False
+        except Exception:
+            log.exception("access re-check failed")
+            self.end("error: could not check channel access, try again")
+            return False
+        if not now.issuperset(self.channels):
+            self.channels = tuple(c for c in self.channels if c in now)
+            self._channel_strs = frozenset(str(c) for c in self.channels)
+        return not self.ended
 
     # --- live phase (hub callbacks: never block) -------------------------------------
 

@@ -175,7 +175,19 @@ class Session:
         self.reply(["OK", event_id, result.ok, result.message])
 
     async def _channels_for(self, sub_id: str, filters: tuple[Filter, ...]) -> list[uuid.UUID] | None:
-        """The channels a REQ/COUNT covers, or None after replying CLOSED.
+        """The channels a REQ/COUNT covers (`_scope_of`), or None after replying CLOSED."""
+        try:
+            return await self._scope_of(filters)
+        except Denied as err:
+            self.reply(["CLOSED", sub_id, err.reason])
+            return None
+        except Exception:
+            log.exception("access check failed")
+            self.reply(["CLOSED", sub_id, "error: could not check channel access, try again"])
+            return None
+
+    async def _scope_of(self, filters: tuple[Filter, ...]) -> list[uuid.UUID]:
+        """The channels a REQ/COUNT covers, decided now by the policy. Raises Denied.
 
         A filter with #h names its channels, and each must be readable (one
         answer for missing and unreadable); a filter without #h covers every
@@ -183,7 +195,7 @@ class Session:
         """
         actor = self.actor
         if actor is None:
-            return None
+            raise Denied("auth-required: authenticate with NIP-42 AUTH first")
         named: set[uuid.UUID] = set()
         wide = False
         state_named: set[uuid.UUID] = set()
@@ -199,18 +211,9 @@ class Session:
             for value in values:
                 channel = parse_channel_id(value)
                 if channel is None:
-                    self.reply(["CLOSED", sub_id, "invalid: #h values must be lowercase channel UUIDs"])
-                    return None
+                    raise Denied("invalid: #h values must be lowercase channel UUIDs")
                 named.add(channel)
-        try:
-            return await reader_scope(actor, named=sorted(named), wide=wide, optional=sorted(state_named))
-        except Denied as err:
-            self.reply(["CLOSED", sub_id, err.reason])
-            return None
-        except Exception:
-            log.exception("access check failed")
-            self.reply(["CLOSED", sub_id, "error: could not check channel access, try again"])
-            return None
+        return await reader_scope(actor, named=sorted(named), wide=wide, optional=sorted(state_named))
 
     async def _req(self, frame: ReqFrame | ModeReqFrame) -> None:
         if self.actor is None:
@@ -228,7 +231,12 @@ class Session:
             sub = await req_mode(frame.mode)(self, frame.sub_id, frame.filters)
         else:
             channels = await self._channels_for(frame.sub_id, frame.filters)
-            sub = ReqSubscription(self, frame.sub_id, frame.filters, channels) if channels is not None else None
+            filters = frame.filters
+            sub = (
+                ReqSubscription(self, frame.sub_id, filters, channels, rescope=lambda: self._scope_of(filters))
+                if channels is not None
+                else None
+            )
         if sub is None or self._closing:
             return
         self.subscriptions[frame.sub_id] = sub
