@@ -53,7 +53,7 @@ from buzz.identity.actor import Actor
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
 from buzz.live.hub import Subscription as LiveSubscription
-from buzz.runtime import runtime
+from buzz.runtime import fetch_all, runtime
 from buzz.ws.host import Subscription, SubscriptionHost
 from buzz.ws.outbound import QueueFull
 
@@ -355,13 +355,7 @@ class SyncSubscription:
             "SELECT c.uuid, c.access_epoch, (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s)"
             " FROM buzz_channel c WHERE c.community_id = %s AND c.uuid = ANY(%s)"
         )
-        args = (community, community, sorted(self._named))
-        if conn is None:
-            pool = await runtime.pool()
-            async with pool.connection() as own:
-                rows = await (await own.execute(sql, args)).fetchall()
-        else:
-            rows = await (await conn.execute(sql, args)).fetchall()
+        rows = await fetch_all(sql, (community, community, sorted(self._named)), conn=conn)
         return {row[0]: (int(row[1]), int(row[2] or 0)) for row in rows}
 
     async def _access_held(self, now: dict[uuid.UUID, tuple[int, int]]) -> bool:

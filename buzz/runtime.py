@@ -219,3 +219,13 @@ class Runtime:
 
 
 runtime = Runtime()
+
+
+async def fetch_all(sql: Any, params: Any, *, conn: AsyncConnection[Any] | None = None) -> list[Any]:
+    """The rows of one statement: on `conn` (in its transaction or snapshot), or on a connection of the main
+    pool held for that statement alone."""
+    if conn is not None:
+        return await (await conn.execute(sql, params)).fetchall()
+    pool = await runtime.pool()
+    async with pool.connection() as own:
+        return await (await own.execute(sql, params)).fetchall()

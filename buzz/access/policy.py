@@ -34,7 +34,7 @@ from psycopg import AsyncConnection
 from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.nostr import Event, ProtocolError, verify_owner_attestation
-from buzz.runtime import runtime
+from buzz.runtime import fetch_all
 from buzz.sqlarrays import TextArray, UuidArray
 
 SCOPE_READ = "messages:read"
@@ -243,12 +243,7 @@ async def load_access_many(
 ) -> dict[uuid.UUID, ChannelAccess]:
     """The facts about the actor and each channel, in one round trip."""
     sql, params = access_statement(actor, channels, owner=owner)
-    if conn is None:
-        pool = await runtime.pool()
-        async with pool.connection() as own:
-            rows = await (await own.execute(sql, params)).fetchall()
-    else:
-        rows = await (await conn.execute(sql, params)).fetchall()
+    rows = await fetch_all(sql, params, conn=conn)
     return access_of(rows)
 
 
@@ -415,12 +410,8 @@ async def check_reader(actor: Actor, *, conn: AsyncConnection[Any] | None = None
     if not has_scope(actor, SCOPE_READ):
         return Decision.deny(f"restricted: this token lacks the {SCOPE_READ} scope")
     sql, params = reader_standing_statement(actor)
-    if conn is None:
-        pool = await runtime.pool()
-        async with pool.connection() as own:
-            row = await (await own.execute(sql, params)).fetchone()
-    else:
-        row = await (await conn.execute(sql, params)).fetchone()
+    rows = await fetch_all(sql, params, conn=conn)
+    row = rows[0] if rows else None
     return reader_standing_of(actor, row)
 
 
@@ -456,12 +447,7 @@ async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None =
     if not has_scope(actor, SCOPE_READ):
         return []
     params = _actor_params(actor)
-    if conn is None:
-        pool = await runtime.pool()
-        async with pool.connection() as own:
-            rows = await (await own.execute(_READABLE_SQL, params)).fetchall()
-    else:
-        rows = await (await conn.execute(_READABLE_SQL, params)).fetchall()
+    rows = await fetch_all(_READABLE_SQL, params, conn=conn)
     return [r[0] for r in rows if token_covers(actor, r[0])]
 
 

@@ -23,6 +23,7 @@ from buzz.identity.communities import community_create, member_add
 from buzz.identity.tokens import token_create
 from buzz.nostr import Signer
 from tests.artifacts.write_support import accepted, revision
+from tests.support.faults import next_for, redis_paused
 from tests.support.relay import RelayProcess
 from tests.support.wsclient import RelayClient
 from tests.sync.support import open_sync
@@ -77,18 +78,11 @@ async def test_a_move_whose_http_client_left_still_reaches_the_source_sync(
         assert state.eose and set(state.heads) == {str(d)}
 
         move = revision(alice, d=d, h=destination, op="move", prev=head)
-        redis_client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
-        try:
+        async with redis_paused(redis_client, PAUSE_MS, "WRITE"):
             await _post_and_leave(relay, token, move)
-        finally:
-            await asyncio.sleep(PAUSE_MS / 1000)
-            redis_client.execute_command("CLIENT", "UNPAUSE")
 
         # Bob can't read the destination: the sync sends the stored removal (or, never silent, a resync).
-        while True:
-            m = await b.recv_json(15)
-            if isinstance(m, list) and len(m) > 2 and m[1] == "s":
-                break
+        m = await next_for(b, "s")
         assert m[0] in ("EVENT", "CLOSED"), m
         if m[0] == "EVENT":
             assert m[2]["kind"] == 45011 and ["d", str(d)] in m[2]["tags"], m

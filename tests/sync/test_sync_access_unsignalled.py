@@ -12,6 +12,7 @@ process does not publish it), which is the delayed signal at its worst.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -19,9 +20,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from buzz.chat import channels
-from buzz.live import signals
 from buzz.nostr import Signer
 from tests.support.factories import admit
+from tests.support.faults import unsignalled
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, World, follow, make_world, open_sync, revision, write
 
@@ -33,34 +34,28 @@ def world(transactional_db: None) -> World:
     return make_world(HOST)
 
 
-def _unsignalled(change: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """`change`, with the access signals it publishes after commit never sent."""
-
-    def run(**kwargs: Any) -> Any:
-        with monkeypatch.context() as patch:
-            patch.setattr(signals, "publish_on_commit", lambda *args, **kw: None)
-            return change(**kwargs)
-
-    return sync_to_async(run)
+async def _synced(world: World, relay_factory: Any, d: uuid.UUID) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """A relay; the owner's artifact d in channel a; the reader's sync of a holding it. Returns (owner's
+    client, reader's client, the reader's sync state, d's create) with the clients' contexts to leave."""
+    relay = relay_factory(**RELAY_ENV)
+    stack = contextlib.AsyncExitStack()
+    owner = await stack.enter_async_context(RelayClient.connect(relay.ws_url, host=HOST))
+    reader = await stack.enter_async_context(RelayClient.connect(relay.ws_url, host=HOST))
+    assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
+    first = revision(world.owner, d, world.a, "create")
+    await write(owner, first)
+    state = await open_sync(reader, "s", {"artifact": "current", "#h": [str(world.a)]})
+    assert state.eose and set(state.heads) == {str(d)}
+    return stack, (owner, reader), state, first
 
 
 async def test_a_head_written_after_the_reader_lost_access_is_not_sent(
     world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    relay = relay_factory(**RELAY_ENV)
-    flt = {"artifact": "current", "#h": [str(world.a)]}
     d = uuid.uuid4()
-    async with (
-        RelayClient.connect(relay.ws_url, host=HOST) as owner,
-        RelayClient.connect(relay.ws_url, host=HOST) as reader,
-    ):
-        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
-        first = revision(world.owner, d, world.a, "create")
-        await write(owner, first)
-        state = await open_sync(reader, "s", flt)
-        assert state.eose and set(state.heads) == {str(d)}
-
-        await _unsignalled(channels.member_remove, monkeypatch)(
+    stack, (owner, reader), state, first = await _synced(world, relay_factory, d)
+    async with stack:
+        await unsignalled(channels.member_remove, monkeypatch)(
             community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
         )
         await write(owner, revision(world.owner, d, world.a, "update", prev=first["id"], content='{"secret":1}'))
@@ -73,22 +68,12 @@ async def test_a_head_written_after_the_reader_lost_access_is_not_sent(
 async def test_another_members_unsignalled_change_costs_a_check_not_the_sync(
     world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    relay = relay_factory(**RELAY_ENV)
-    flt = {"artifact": "current", "#h": [str(world.a)]}
     d = uuid.uuid4()
     newcomer = Signer.generate()
     await sync_to_async(admit)(world.community, newcomer)
-    async with (
-        RelayClient.connect(relay.ws_url, host=HOST) as owner,
-        RelayClient.connect(relay.ws_url, host=HOST) as reader,
-    ):
-        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
-        first = revision(world.owner, d, world.a, "create")
-        await write(owner, first)
-        state = await open_sync(reader, "s", flt)
-        assert state.eose
-
-        await _unsignalled(channels.member_put, monkeypatch)(
+    stack, (owner, reader), state, first = await _synced(world, relay_factory, d)
+    async with stack:
+        await unsignalled(channels.member_put, monkeypatch)(
             community=world.community, channel_uuid=world.a, actor=None, pubkey=newcomer.pubkey
         )
         second = revision(world.owner, d, world.a, "update", prev=first["id"])

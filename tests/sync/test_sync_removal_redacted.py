@@ -9,7 +9,6 @@ redaction has committed (a 9005 of a removal is withheld and publishes nothing).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -21,6 +20,7 @@ from django.db import connection
 
 from tests.moderation.moderation_support import RELAY_ENV, World, make_world, ok, removal
 from tests.support.factories import make_channel, revision
+from tests.support.faults import next_for, redis_paused
 from tests.support.wire import accept, logged_in
 from tests.sync.support import open_sync
 
@@ -65,18 +65,11 @@ async def test_a_redacted_removal_is_not_replaced_by_an_earlier_one(
         state = await open_sync(m, "s", {"artifact": "current", "#h": [ch]})
         assert state.eose and state.heads[d]["id"] == back
 
-        redis_client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
-        try:
+        async with redis_paused(redis_client, PAUSE_MS, "WRITE"):
             await accept(a, revision(world.author, d=d, h=away, op="move", prev=back))  # its signal waits
             second = await sync_to_async(_latest_removal)(d)
             assert second["id"] != first["id"]
             assert await ok(o, removal(world.owner, world.ch, second["id"])) == (True, "")
-        finally:
-            await asyncio.sleep(PAUSE_MS / 1000)
-            redis_client.execute_command("CLIENT", "UNPAUSE")
 
-        while True:
-            message = await m.recv_json(15)
-            if isinstance(message, list) and len(message) > 2 and message[1] == "s":
-                break
+        message = await next_for(m, "s")
         assert message[0] == "CLOSED" and message[2].startswith("resync:"), message
