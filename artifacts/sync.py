@@ -156,7 +156,6 @@ class SyncSubscription:
         # decided. A head read with other values goes out only after the reader's access is checked again:
         # the change's own signal may not have come yet (Redis orders no two publishers' messages).
         self._access: dict[uuid.UUID, tuple[int, int]] = {}
-        self._snapshot_access: dict[uuid.UUID, tuple[int, int]] = {}
         # The d whose head read (or its slow path) is in progress: the next read waits for it.
         self._reading: str | None = None
         self._reader: HeadReader | None = None  # the process's head reader, once live
@@ -283,7 +282,7 @@ class SyncSubscription:
         try:
             try:
                 async with asyncio.timeout(self._budget):
-                    await self._snapshot(buffer)
+                    at_snapshot = await self._snapshot(buffer)
             except TimeoutError:
                 self.end("error: the initial set did not finish within the relay's time budget; start a new sync")
                 return False
@@ -306,13 +305,15 @@ class SyncSubscription:
                 drain.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await drain
-        if self.ended or not await self._access_held(self._snapshot_access):
+        if self.ended or not await self._access_held(at_snapshot):
             return False
         await self.host.outbound.put(_dumps(["EOSE", self.sub_id]), timeout=SEND_TIMEOUT)
         self._live_phase = True
         return not self.ended
 
-    async def _snapshot(self, buffer: _ByteBuffer) -> None:
+    async def _snapshot(self, buffer: _ByteBuffer) -> dict[uuid.UUID, tuple[int, int]]:
+        """Rule 2's pages into `buffer`; returns who reads the channels at the snapshot's instant (`_read_access`
+        in it): the set is exact only if the reader still does."""
         actor = self._actor()
         where, args = current_where(actor, self.query, sorted(self._channels))
         sql = (
@@ -343,10 +344,8 @@ class SyncSubscription:
                         continue
                     await buffer.put(text)
                 if len(rows) < self._page_rows:
-                    break
+                    return await self._read_access(conn)  # who reads the channels at this instant
                 after = rows[-1][0]
-            # Who reads the channels at the snapshot's instant: the set is exact only if the reader still does.
-            self._snapshot_access = await self._read_access(conn)
 
     async def _read_access(self, conn: AsyncConnection[Any] | None = None) -> dict[uuid.UUID, tuple[int, int]]:
         """(access epoch, policy stamp) of each channel #h names, now (on `conn`: in its snapshot)."""

@@ -27,7 +27,7 @@ from artifacts.census import count_open_syncs
 from artifacts.models import Artifact, MoveRemoval, PolicyStamp, Revision
 from artifacts.redaction import Redaction, count_expirable, expire_batch
 from buzz.access.changes import access_changed
-from buzz.chat.channels import ChannelError, channel_delete, channel_edit
+from buzz.chat.channels import ARCHIVE, DELETE, UNARCHIVE, ChannelError, channel_delete, channel_edit
 from buzz.chat.removals import Removal, remove_event
 from buzz.live import signals
 from buzz.models import Channel, Community
@@ -241,9 +241,9 @@ def record_redaction(removal: Removal, result: Redaction) -> None:
 
 
 _LIFECYCLE_ACTIONS: Final = {
-    "archive": AuditAction.ARCHIVE,
-    "unarchive": AuditAction.UNARCHIVE,
-    "delete": AuditAction.DELETE_CHANNEL,
+    ARCHIVE: AuditAction.ARCHIVE,
+    UNARCHIVE: AuditAction.UNARCHIVE,
+    DELETE: AuditAction.DELETE_CHANNEL,
 }
 
 

@@ -48,15 +48,16 @@ def _pubkey_tag(event: Event) -> tuple[str, str | None]:
     return tag[1], role
 
 
-async def _run(fn: Callable[..., Any], **kwargs: Any) -> WriteResult:
+async def _run(fn: Callable[..., Any], **kwargs: Any) -> tuple[WriteResult, Any]:
+    """The answer to a group event whose change `fn` makes, and what `fn` returned (None when it refused)."""
     try:
-        await orm_call(fn)(**kwargs)
+        value = await orm_call(fn)(**kwargs)
     except ChannelError as err:
         if err.reason.startswith("duplicate:"):
             # NIP-01 pairs duplicate: with OK true: the state asked for already holds.
-            return WriteResult.accepted(err.reason)
-        return WriteResult.rejected(err.reason)
-    return WriteResult.accepted()
+            return WriteResult.accepted(err.reason), None
+        return WriteResult.rejected(err.reason), None
+    return WriteResult.accepted(), value
 
 
 def _community(actor: Actor) -> Community:
@@ -110,17 +111,14 @@ async def _apply_group_event(actor: Actor, event: Event) -> tuple[WriteResult, b
     if kind == KIND_CREATE_GROUP:
         if _single(event, "name") is None:
             return WriteResult.rejected("invalid: kind 9007 needs one name tag"), False
-        return await _run(_create_group, actor=actor, event=event, channel=channel), True
+        return (await _run(_create_group, actor=actor, event=event, channel=channel))[0], True
     if kind == KIND_DELETE_EVENT:
-        public: list[bool] = []
-
-        def remove(**kwargs: Any) -> None:
-            public.append(remove_event(**kwargs))
-
-        result = await _run(remove, community_id=actor.community.id, actor=actor.pubkey, event=event, channel=channel)
-        return result, public == [True]
+        result, public = await _run(
+            remove_event, community_id=actor.community.id, actor=actor.pubkey, event=event, channel=channel
+        )
+        return result, public is True
     service, kwargs = _group_service(actor, event)
-    return await _run(_in_community(actor, service), channel_uuid=channel, request=event, **kwargs), True
+    return (await _run(_in_community(actor, service), channel_uuid=channel, request=event, **kwargs))[0], True
 
 
 def _in_community(actor: Actor, service: Callable[..., Any]) -> Callable[..., Any]:

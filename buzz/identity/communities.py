@@ -20,7 +20,7 @@ from buzz.live import signals
 from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
 from buzz.nostr import Signer
 from buzz.orm import orm_call
-from buzz.runtime import runtime
+from buzz.runtime import fetch_all
 
 _HOST_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -175,7 +175,7 @@ def deletion_plan() -> list[PurgeStep]:
                 if not isinstance(field, models.ForeignKey):
                     continue
                 parent = field.related_model
-                if parent not in owned or parent is Community:
+                if parent not in owned:
                     continue
                 depth, where = owned[parent]
                 target = quote(field.target_field.column)
@@ -345,25 +345,11 @@ def _load_info(host: str) -> CommunityInfo | None:
 directory = CommunityDirectory()
 
 
-async def relay_role(community_id: int, pubkey: str) -> str | None:
-    """The relay-level role of pubkey, or None when it is not a relay member."""
-    pool = await runtime.pool()
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT role FROM buzz_relaymember WHERE community_id = %s AND pubkey = %s", (community_id, pubkey)
-        )
-        row = await cur.fetchone()
-    return str(row[0]) if row else None
-
-
 async def admitted(community: CommunityInfo, pubkey: str) -> bool:
     """NIP-42 admission, on the community's row as it is now (buzz.access.policy.admitted_sql), not on the
     directory's copy: an open community admits every pubkey, a members-only one its relay members, and a
     community deleted since the directory cached it nobody."""
-    from buzz.access.policy import admitted_sql
+    from buzz.access.policy import admitted_sql  # the policy imports this module
 
-    pool = await runtime.pool()
-    async with pool.connection() as conn:
-        cur = await conn.execute(f"SELECT {admitted_sql('%s', '%s')}", (community.id, pubkey))
-        row = await cur.fetchone()
-    return bool(row and row[0])
+    rows = await fetch_all(f"SELECT {admitted_sql('%s', '%s')}", (community.id, pubkey))
+    return bool(rows and rows[0][0])
