@@ -136,11 +136,17 @@ async def already_accepted(actor: Actor, event: Event) -> bool:
 # Every exact lookup of the write path compares the community (and the channel) without searching on
 # them: the one index it can use is the one led by the key (migrations buzz 0005, artifacts 0007), so a
 # generic plan made on empty or never-analyzed tables can't scan a channel (tests/chat/test_hot_plans.py).
+# The root's deletion and kind are judged on the row found, behind OFFSET 0 (PostgreSQL neither flattens
+# such a subquery nor pushes conditions into it): in the lookup itself they made the partial index on
+# (community, channel, kind, time, id) WHERE deleted_at IS NULL a covering one, and a generic plan read
+# that whole index with the id as its condition.
 _ANCHOR_OK = """(%(root)s::varchar IS NULL OR EXISTS (
-  SELECT 1 FROM buzz_storedevent e
-  WHERE e.id = %(root)s AND e.community_id IS NOT DISTINCT FROM %(community)s::bigint
-    AND e.channel_id IS NOT DISTINCT FROM %(h)s::uuid
-    AND e.deleted_at IS NULL AND e.kind = ANY(%(anchor_kinds)s::int[])))"""
+  SELECT 1 FROM (
+    SELECT e.deleted_at, e.kind FROM buzz_storedevent e
+    WHERE e.id = %(root)s AND e.community_id IS NOT DISTINCT FROM %(community)s::bigint
+      AND e.channel_id IS NOT DISTINCT FROM %(h)s::uuid
+    OFFSET 0
+  ) r WHERE r.deleted_at IS NULL AND r.kind = ANY(%(anchor_kinds)s::int[])))"""
 
 # The one read of an edit: the artifact row whether d exists or not (a LEFT JOIN), the policy's facts for
 # the channel it lives in (h for a missing d) and for h, the anchor answer and whether this event was
