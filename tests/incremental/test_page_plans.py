@@ -27,7 +27,16 @@ from buzz.identity.actor import Actor
 from buzz.nostr import Signer
 from buzz.runtime import runtime
 from tests.chat import test_hot_plans
-from tests.chat.test_hot_plans import OTHER_CHANNELS, Fresh, Prepared, _brief, _md5, nodes
+from tests.chat.test_hot_plans import (
+    OTHER_CHANNELS,
+    Fresh,
+    Prepared,
+    _brief,
+    _md5,
+    assert_searched,
+    first_columns,
+    nodes,
+)
 from tests.support.factories import make_channel, make_community, revision
 from tests.support.inprocess import actor_of, every_connection
 
@@ -224,6 +233,7 @@ def test_a_later_pages_generic_plan_reads_no_table_whole_on_never_analyzed_table
         prepared.prepare(f"later_{name}", statement, args)
         explained = prepared.explain(f"later_{name}")
         assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
+        assert_searched(explained, name, first_columns(fresh.conn))
         for node in _scans(explained):
             assert node["Node Type"] != "Seq Scan" or node["Relation Name"] == "buzz_channel", f"{name}: {_brief(node)}"
         read = _rows_read(explained)
@@ -286,6 +296,7 @@ def test_an_initial_pages_generic_plan_reads_a_page_on_never_analyzed_tables(fre
         prepared.prepare(f"initial_{name}", statement, args)
         explained = prepared.explain(f"initial_{name}")
         assert "$1" in json.dumps(explained), f"{name}: not a generic plan"
+        assert_searched(explained, name, first_columns(fresh.conn))
         returned = explained["Plan"]["Actual Rows"]
         assert returned == (0 if name == "small_channel" else incremental.page_rows() + 1), (name, returned)
         for node in _scans(explained):
@@ -312,6 +323,7 @@ def test_a_pages_head_reads_only_the_ttl_channels_on_never_analyzed_tables(fresh
     prepared = Prepared(fresh.conn)
     prepared.prepare("head", incremental._HEAD_SQL, ["force_generic_plan", community, community])
     explained = prepared.explain("head")
+    assert_searched(explained, "head", first_columns(fresh.conn))
     # A generic plan compares with the statement's parameters ($2, $3: the community), not with their values.
     assert re.search(r"= \$\d", json.dumps(explained)), "not a generic plan"
     channels = [node for node in nodes(explained["Plan"]) if node.get("Relation Name") == "buzz_channel"]
