@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import psycopg
 from django.conf import settings
@@ -81,6 +81,10 @@ from buzz.sqlarrays import IntArray, TextArray
 from buzz.sqltext import hot_statement, raw_statement
 
 log = logging.getLogger(__name__)
+
+# What a change's live signals carry: each stored event with its channel and that channel's access epoch as the
+# statement that wrote the event read it (buzz.live.signals.EVENT).
+_Published: TypeAlias = list[tuple[uuid.UUID, Event, int]]
 
 HEAD_UNAVAILABLE = "conflict: head unavailable"
 DUPLICATE = "duplicate: already accepted"  # the text buzz.events.ingest answers a resubmission with
@@ -278,7 +282,7 @@ removal AS (
 ),
 -- A move's removal is a stored event in the source.
 {insert_ctes("stored_removal", "rm", source="head")}
-SELECT seq FROM rev
+SELECT rev.seq, f.channel, f.epoch FROM rev, facts f
 """)  # noqa: S608 - composed from code, values are placeholders
 
 # An update (op=update: same channel, same type) in ONE statement: _READ's row, and the compare-and-set
@@ -343,7 +347,8 @@ async def accept_revision(actor: Actor, event: Event) -> WriteResult:
         else:
             result, published = await _edit(conn, actor, event, envelope, owner)
     if result.ok and published:
-        await signals.publish_committed(actor.community.id, [(ch, signals.event_message(ev)) for ch, ev in published])
+        messages = [(ch, signals.event_message(ev, epoch)) for ch, ev, epoch in published]
+        await signals.publish_committed(actor.community.id, messages)
     return result
 
 
@@ -385,7 +390,7 @@ def create_params(actor: Actor, event: Event, env: Envelope, owner: str | None) 
 
 async def _create(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
-) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]]:
+) -> tuple[WriteResult, _Published]:
     row = await (await conn.execute(_CREATE, create_params(actor, event, env, owner))).fetchone()
     if row is None:
         raise RuntimeError("the create statement returned no row")
@@ -395,7 +400,7 @@ async def _create(
     if seq is not None:
         if not decision.ok:
             raise RuntimeError("the policy's SQL condition allowed a revision decide_post refuses")
-        return WriteResult.accepted(), [(env.h, event)]
+        return WriteResult.accepted(), [(env.h, event, access.epoch)]
     if seen:
         # A resubmission says only "you sent this before", before any other answer.
         return WriteResult.accepted(DUPLICATE), []
@@ -414,7 +419,7 @@ async def _create(
 
 async def _edit(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
-) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]]:
+) -> tuple[WriteResult, _Published]:
     # An update is decided and written in one statement (_UPDATE); any other edit is read, then advanced.
     # A second pass follows a compare-and-set lost to a concurrent edit; its prev is no longer the head
     # then, so it answers without writing.
@@ -519,6 +524,8 @@ class _Accepted:
     carried: list[str]
     source: uuid.UUID | None
     removal: Event | None
+    # Each channel's access epoch in the read's facts (ChannelAccess.epoch).
+    epochs: dict[uuid.UUID, int]
 
 
 def _judge_edit(actor: Actor, env: Envelope, rows: list[Any]) -> WriteResult | _Accepted:
@@ -581,19 +588,24 @@ def _judge_edit(actor: Actor, env: Envelope, rows: list[Any]) -> WriteResult | _
     h_pk = facts[env.h].channel_pk
     if h_pk is None:  # decide_post allowed a post to h, so h exists
         raise RuntimeError("the artifact read found no channel for an allowed edit")
-    return _Accepted(artifact=pk, channel_pk=h_pk, carried=list(p_tags or []), source=source, removal=removal)
+    epochs = {channel: access.epoch for channel, access in facts.items()}
+    return _Accepted(
+        artifact=pk, channel_pk=h_pk, carried=list(p_tags or []), source=source, removal=removal, epochs=epochs
+    )
 
 
-def _published(event: Event, env: Envelope, accepted: _Accepted) -> list[tuple[uuid.UUID, Event]]:
-    published = [(env.h, event)]
+def _published(event: Event, env: Envelope, accepted: _Accepted, epochs: dict[uuid.UUID, int]) -> _Published:
+    """What the edit's signals carry: the revision in h and, for a move, the removal in the source, each with
+    its channel's access epoch as the statement that wrote them read it."""
+    published = [(env.h, event, epochs[env.h])]
     if accepted.removal is not None and accepted.source is not None:
-        published.append((accepted.source, accepted.removal))
+        published.append((accepted.source, accepted.removal, epochs[accepted.source]))
     return published
 
 
 async def _edit_once(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
-) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]] | None:
+) -> tuple[WriteResult, _Published] | None:
     """One pass of an edit; None when the compare-and-set found the head changed since it was read."""
     rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
     judged = _judge_edit(actor, env, rows)
@@ -612,15 +624,16 @@ async def _edit_once(
     )
     cursor = psycopg.AsyncRawCursor(conn)
     await cursor.execute(_ADVANCE.text, _ADVANCE.args(params))
-    seq = await cursor.fetchone()
-    if seq is None:
+    # One row per channel of the statement's facts (home and h) when it wrote, none when it did not.
+    rows = await cursor.fetchall()
+    if not rows:
         return None
-    return WriteResult.accepted(), _published(event, env, judged)
+    return WriteResult.accepted(), _published(event, env, judged, {channel: epoch for _, channel, epoch in rows})
 
 
 async def _update_once(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
-) -> tuple[WriteResult, list[tuple[uuid.UUID, Event]]] | None:
+) -> tuple[WriteResult, _Published] | None:
     """An update in one statement; None when `_judge_edit` accepts it and the statement wrote nothing (a
     concurrent edit won the compare-and-set): `_edit` reads it again."""
     # A raw cursor: the statement is longer than psycopg's conversion cache takes (buzz.sqltext).
@@ -636,7 +649,7 @@ async def _update_once(
         return judged, []
     if not written:
         return None
-    return WriteResult.accepted(), _published(event, env, judged)
+    return WriteResult.accepted(), _published(event, env, judged, judged.epochs)
 
 
 async def reject_removal(actor: Actor, event: Event) -> WriteResult:

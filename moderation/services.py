@@ -27,7 +27,15 @@ from artifacts.census import count_open_syncs
 from artifacts.models import Artifact, MoveRemoval, PolicyStamp, Revision
 from artifacts.redaction import Redaction, count_expirable, expire_batch
 from buzz.access.changes import access_changed
-from buzz.chat.channels import ARCHIVE, DELETE, UNARCHIVE, ChannelError, channel_delete, channel_edit
+from buzz.chat.channels import (
+    ARCHIVE,
+    DELETE,
+    UNARCHIVE,
+    ChannelError,
+    access_epoch,
+    channel_delete,
+    channel_edit,
+)
 from buzz.chat.removals import Removal, remove_event
 from buzz.live import signals
 from buzz.models import Channel, Community
@@ -195,7 +203,8 @@ def redact(community: Community, revision_ids: Sequence[str], *, actor: str, rea
                 raise ModerationError(f"{target.id}: {err.reason}") from None
             if public:
                 # A 9005 readers may get is a stored event of the channel: live REQs see it, like a member's.
-                signals.publish_on_commit(community.pk, target.channel, signals.event_message(request))
+                epoch = access_epoch(community.pk, target.channel)
+                signals.publish_on_commit(community.pk, target.channel, signals.event_message(request, epoch))
         # What retired is what the locked write decided (a concurrent edit may have moved a head meanwhile).
         retired = sorted(
             str(d)

@@ -88,6 +88,10 @@ class ChannelAccess:
     timeout_until: dt.datetime | None
     token_ok: bool = True
     admitted: bool = True
+    # The channel's access epoch (Channel.access_epoch) in the snapshot these facts were read in: every change
+    # of who reads the channel advances it. A write's stored event carries it in its live signal, and a live
+    # REQ that decided its reader's access at a lower epoch decides it again before delivering (buzz.ws.req).
+    epoch: int = 0
 
     @property
     def exists(self) -> bool:
@@ -132,21 +136,23 @@ def access_facts_sql(channels: str = "%(acc_channels)s::uuid[]") -> str:
     LEFT JOINs let a plan made on never-analyzed tables join every channel of the community with every
     membership of the pubkey first and match the channels asked about last: 94 ms per write in a
     community of 1,000 channels (tests/chat/test_hot_plans.py has that shape)."""
-    # Unqualified column names in the EXISTS subqueries are their own table's: the kind-9 statement that embeds
-    # these facts must stay short enough for psycopg's conversion cache (buzz.sqltext.hot_statement).
+    # Unqualified column names in the EXISTS subqueries are their own table's: the artifact create and read
+    # statements that embed these facts must stay short enough for psycopg's conversion cache
+    # (buzz.sqltext.hot_statement).
     return f"""SELECT q.u AS channel,
   EXISTS (SELECT FROM buzz_ban WHERE community_id = %(acc_community)s AND pubkey = ANY(%(acc_subjects)s)
           AND lifted_at IS NULL AND (expires_at IS NULL OR expires_at > now())) AS banned,
   (SELECT max(t.until) FROM buzz_timeout t WHERE t.community_id = %(acc_community)s AND t.pubkey = %(acc_pubkey)s
           AND t.until > now()) AS timeout_until,
   c.id AS channel_pk, c.visibility, c.type AS ctype, c.archived IS NOT NULL AS archived,
-  c.deleted IS NOT NULL AS deleted, m.role,
+  c.deleted IS NOT NULL AS deleted, m.role, c.epoch,
   (%(acc_token)s::bigint IS NULL OR EXISTS (SELECT FROM buzz_apitoken WHERE id = %(acc_token)s
           AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()))) AS token_ok,
   {admitted_sql("%(acc_community)s", "%(acc_pubkey)s")} AS admitted
 FROM unnest({channels}) AS q(u)
 LEFT JOIN LATERAL (
-  SELECT c.id, c.visibility, c.type, c.archived_at AS archived, c.deleted_at AS deleted FROM buzz_channel c
+  SELECT c.id, c.visibility, c.type, c.archived_at AS archived, c.deleted_at AS deleted, c.access_epoch AS epoch
+  FROM buzz_channel c
   WHERE c.community_id = %(acc_community)s AND c.uuid = q.u LIMIT 1) c ON true
 LEFT JOIN LATERAL (
   SELECT m.role FROM buzz_membership m
@@ -154,7 +160,7 @@ LEFT JOIN LATERAL (
 
 
 # How many leading columns of a statement's row `access_from_row` reads.
-FACT_COLUMNS = 11
+FACT_COLUMNS = 12
 _ACCESS_SQL = access_facts_sql()
 
 
@@ -177,7 +183,9 @@ def access_params(actor: Actor, channels: Sequence[uuid.UUID] = (), *, owner: st
 
 def access_from_row(row: Sequence[Any]) -> tuple[uuid.UUID, ChannelAccess]:
     """The channel and its facts from the first FACT_COLUMNS columns of a row of `access_facts_sql`."""
-    channel, banned, timeout_until, pk, visibility, ctype, archived, deleted, role, token_ok, ok = row[:FACT_COLUMNS]
+    channel, banned, timeout_until, pk, visibility, ctype, archived, deleted, role, epoch, token_ok, ok = row[
+        :FACT_COLUMNS
+    ]
     return channel, ChannelAccess(
         token_ok=bool(token_ok),
         admitted=bool(ok),
@@ -189,6 +197,7 @@ def access_from_row(row: Sequence[Any]) -> tuple[uuid.UUID, ChannelAccess]:
         role=role,
         banned=bool(banned),
         timeout_until=timeout_until,
+        epoch=epoch or 0,
     )
 
 
@@ -258,6 +267,17 @@ def access_statement(
 def access_of(rows: Sequence[Sequence[Any]]) -> dict[uuid.UUID, ChannelAccess]:
     """Each channel's facts from the rows of `access_statement`."""
     return dict(access_from_row(row) for row in rows)
+
+
+_EPOCHS_SQL = "SELECT uuid, access_epoch FROM buzz_channel WHERE community_id = %s AND uuid = ANY(%s)"
+
+
+async def channel_epochs(
+    community_id: int, channels: Sequence[uuid.UUID], *, conn: AsyncConnection[Any] | None = None
+) -> dict[uuid.UUID, int]:
+    """The access epoch of each channel that exists (ChannelAccess.epoch), now."""
+    rows = await fetch_all(_EPOCHS_SQL, (community_id, UuidArray(channels)), conn=conn)
+    return {channel: epoch for channel, epoch in rows}
 
 
 async def load_access(

@@ -56,6 +56,15 @@ def _signal_access(channel: Channel, why: str, *, pubkey: str | None = None) -> 
     signals.publish_on_commit(channel.community_id, channel.uuid, message)
 
 
+def access_epoch(community_id: int, channel: uuid.UUID) -> int:
+    """The channel's access epoch as the current transaction sees it (0 when there is no such channel): what the
+    live signal of an event stored in the channel carries (buzz.live.signals.event_message)."""
+    epoch = (
+        Channel.objects.filter(community_id=community_id, uuid=channel).values_list("access_epoch", flat=True).first()
+    )
+    return epoch or 0
+
+
 def active_members(channel: Channel) -> list[Membership]:
     return list(channel.memberships.filter(removed_at__isnull=True).order_by("joined_at", "id"))
 
@@ -118,10 +127,11 @@ def refresh_state(channel: Channel) -> None:
     if channel.deleted_at is not None:
         return
     created_at = max(int(time.time()), previous + 1 if previous is not None else 0)
+    epoch = access_epoch(community.pk, channel.uuid)
     for event in _state_events(channel, Signer(community.relay_secret), created_at):
         store_sync(community_id=community.pk, event=event, channel=channel.uuid)
         # Live REQs on the state kinds see each replacement (after commit, like every signal).
-        signals.publish_on_commit(channel.community_id, channel.uuid, signals.event_message(event))
+        signals.publish_on_commit(channel.community_id, channel.uuid, signals.event_message(event, epoch))
 
 
 # --- services ------------------------------------------------------------------

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from buzz.access.policy import SCOPE_CHANNELS_WRITE, SCOPE_WRITE, channel_of, check_manage
+from buzz.access.policy import SCOPE_CHANNELS_WRITE, SCOPE_WRITE, channel_epochs, channel_of, check_manage
 from buzz.chat import channels as channel_services
 from buzz.chat.channels import ChannelError
 from buzz.chat.removals import remove_event
@@ -95,7 +95,10 @@ async def group_event(actor: Actor, event: Event) -> WriteResult:
     """
     result, public = await _apply_group_event(actor, event)
     if result.ok and public:
-        await signals.publish_committed(actor.community.id, [(channel_of(event), signals.event_message(event))])
+        channel = channel_of(event)
+        # Read after the change committed: the epoch it made, or a later one (buzz.live.signals.EVENT).
+        epoch = (await channel_epochs(actor.community.id, [channel])).get(channel, 0)
+        await signals.publish_committed(actor.community.id, [(channel, signals.event_message(event, epoch))])
     return result
 
 

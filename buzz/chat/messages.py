@@ -19,6 +19,8 @@ import re
 import uuid
 from typing import Any
 
+import psycopg
+
 from buzz.access.policy import (
     FACT_COLUMNS,
     SCOPE_WRITE,
@@ -41,7 +43,7 @@ from buzz.models import MESSAGE_COUNTER_SHARDS
 from buzz.nostr import Event
 from buzz.runtime import runtime
 from buzz.sqlarrays import IntArray, TextArray
-from buzz.sqltext import hot_statement
+from buzz.sqltext import raw_statement
 
 KIND_MESSAGE = 9
 
@@ -50,7 +52,8 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 # One statement decides and writes: the policy's facts for h (buzz.access.policy), its decision as a
 # condition, and everything else only when it holds. Every lookup is by an exact key, and the root's only
 # when there is one (a generic plan must not fall back to scanning the channel: tests/chat/test_hot_plans.py).
-_POST_SQL = hot_statement(f"""
+# Longer than psycopg's conversion cache takes, it runs on a raw cursor (buzz.sqltext.raw_statement).
+_POST = raw_statement(f"""
 WITH facts AS (
 {access_facts_sql()}
 ), allowed AS (
@@ -144,7 +147,10 @@ async def post_message(actor: Actor, event: Event) -> WriteResult:
     # The write pool (buzz.runtime): reads holding the main pool never make a write wait.
     pool = await runtime.write_pool()
     async with pool.connection() as conn:
-        row = await (await conn.execute(_POST_SQL, post_params(actor, event, channel))).fetchone()
+        # A raw cursor: the statement is longer than psycopg's conversion cache takes (buzz.sqltext).
+        cursor = psycopg.AsyncRawCursor(conn)
+        await cursor.execute(_POST.text, _POST.args(post_params(actor, event, channel)))
+        row = await cursor.fetchone()
     if row is None:
         raise RuntimeError("the message statement returned no row")
     _, access = access_from_row(row)
@@ -159,7 +165,7 @@ async def post_message(actor: Actor, event: Event) -> WriteResult:
         return WriteResult.rejected(root_refusals()[bad_root])
     if not stored:
         return WriteResult.accepted("duplicate: already have this event")
-    await signals.publish_committed(actor.community.id, [(channel, signals.event_message(event))])
+    await signals.publish_committed(actor.community.id, [(channel, signals.event_message(event, access.epoch))])
     return WriteResult.accepted()
 
 

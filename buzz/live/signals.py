@@ -32,7 +32,10 @@ from buzz.live.publisher import publish_blocking_on_commit
 from buzz.nostr import Event
 from buzz.runtime import runtime
 
-# A stored event of the channel, for live NIP-01 delivery: {"t": "event", "event": {...}}.
+# A stored event of the channel, for live NIP-01 delivery: {"t": "event", "event": {...}, "epoch": n}. `epoch`
+# is the channel's access epoch (buzz.models.Channel.access_epoch) as the write that stored the event read it,
+# or later: a live REQ whose reader's access was decided at a lower epoch decides it again before it delivers
+# the event (buzz.ws.req), whatever order the access change's own signal arrives in.
 EVENT: Final = "event"
 # Read access to the channel may have changed; subscribers re-check: {"t": "access", "channel", "why"}.
 ACCESS: Final = "access"
@@ -64,8 +67,8 @@ WHY_COMMUNITY_DELETED: Final = "community-deleted"  # the community and everythi
 PUBLISH_WAIT: Final = 1.0
 
 
-def event_message(event: Event) -> dict[str, Any]:
-    return {"t": EVENT, "event": event.to_dict()}
+def event_message(event: Event, epoch: int) -> dict[str, Any]:
+    return {"t": EVENT, "event": event.to_dict(), "epoch": epoch}
 
 
 def access_message(channel: uuid.UUID, why: str, *, pubkey: str | None = None) -> dict[str, Any]:

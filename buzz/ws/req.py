@@ -9,6 +9,17 @@ gap is never silent. It also listens on its reader's pubkey topic: a standing
 signal (a ban, a removal from the relay members, a revoked token) and the
 expiry of the connection's token make it re-check the reader's standing in the
 same way, whatever channels it reads.
+
+Signals of different processes reach it in no set order, so a new event can
+arrive before the signal of an access change that committed before it. Each
+live event carries its channel's access epoch as the write read it
+(buzz.live.signals.EVENT); the subscription knows, per channel, the epoch its
+reader's access was last decided at (read before the scope is decided again
+once live interest is confirmed, and with every re-check). An event of a
+later epoch, or of none, is held, and live delivery pauses, until a re-check
+that began after the event arrived has decided again: so a live event goes
+out only if its reader could read its channel at or after the instant it was
+stored.
 """
 
 from __future__ import annotations
@@ -20,9 +31,10 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from buzz.access.policy import Denied, check_read, check_reader
+from buzz.access.policy import Denied, channel_epochs, check_reader, decide_read, load_access
 from buzz.events.query import ReadsBusy, query_events
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
@@ -41,6 +53,16 @@ LIVE_WAIT = 5.0  # seconds a REQ waits for a healthy hub before CLOSED "error:"
 # After a token's expiry instant by this process's clock, the database (whose clock decides) may not
 # agree yet: the re-check is repeated this often until it does.
 EXPIRY_RECHECK = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class _Live:
+    """A live event held for delivery: its channel's access epoch from its signal (None when it has none) and
+    its place in the order live events arrived in."""
+
+    event: dict[str, Any]
+    epoch: int | None
+    arrival: int
 
 
 def dumps(value: Any) -> str:
@@ -73,7 +95,14 @@ class ReqSubscription:
         self._prefix = f'["EVENT",{dumps(sub_id)},'
         self._live: LiveSubscription | None = None
         self._task: asyncio.Task[None] | None = None
-        self._held: list[dict[str, Any]] = []
+        self._held: list[_Live] = []
+        self._arrivals = 0  # live events that have arrived so far
+        # Per channel: the access epoch its reader's access was last decided at, and the last arrival that a
+        # decision which began after it covers (buzz.ws.req's module doc).
+        self._epochs: dict[str, int] = {}
+        self._decided_through: dict[str, int] = {}
+        self._deciding: set[str] = set()  # channels with a re-check under way for a held event
+        self._forget_armed = False
         self._held_max = host.limits.outbound_max_messages
         self._sent_ids: set[str] | None = set()  # ids sent from storage; dropped after EOSE
         self._eose = False
@@ -143,14 +172,15 @@ class ReqSubscription:
             await outbound.put(dumps(["EOSE", self.sub_id]), timeout=STORED_SEND_TIMEOUT)
             # What was held during the read goes out the way stored events do, waiting for room: right
             # after a large stored set the queue is often full, and that is no reason to drop the client.
-            while self._held and not self._rechecks:
+            while not self.ended:
                 try:
-                    text = self._render(self._held.pop(0))
+                    text = self._next_held()
                 except (KeyError, TypeError):
                     self.end("error: live delivery received a malformed entry; send REQ again")
                     return
-                if text is not None:
-                    await outbound.put(text, timeout=STORED_SEND_TIMEOUT)
+                if text is None:
+                    break
+                await outbound.put(text, timeout=STORED_SEND_TIMEOUT)
             self._eose = True
             self._release_held()
         except asyncio.CancelledError:
@@ -172,6 +202,8 @@ class ReqSubscription:
         if self._rescope is None:
             return True
         try:
+            # Read before the scope is decided: an epoch read after the decision could be one it did not see.
+            epochs = await channel_epochs(self.host.community.id, self.channels)
             now = frozenset(await self._rescope())
         except Denied as err:
             self.end(err.reason)
@@ -183,6 +215,7 @@ class ReqSubscription:
         if not now.issuperset(self.channels):
             self.channels = tuple(c for c in self.channels if c in now)
             self._channel_strs = frozenset(str(c) for c in self.channels)
+        self._epochs = {str(c): epoch for c, epoch in epochs.items() if c in now}
         return not self.ended
 
     # --- live phase (hub callbacks: never block) -------------------------------------
@@ -196,12 +229,15 @@ class ReqSubscription:
             if not isinstance(event, dict):
                 self.end("error: live delivery received a malformed entry; send REQ again")
                 return
-            if self._eose and self._rechecks == 0:
-                self._deliver(event)
+            epoch = message.get("epoch")
+            self._arrivals += 1
+            live = _Live(event, epoch if type(epoch) is int else None, self._arrivals)
+            if self._eose and self._rechecks == 0 and not self._held:
+                self._deliver(live)
             elif len(self._held) >= self._held_max:
-                self.end("error: too many live events arrived during the stored read; send REQ again")
+                self.end("error: too many live events arrived while they were held; send REQ again")
             else:
-                self._held.append(event)
+                self._held.append(live)
         elif kind == signals.ACCESS:
             channel = message.get("channel")
             if isinstance(channel, str) and channel in self._channel_strs:
@@ -217,37 +253,88 @@ class ReqSubscription:
         self._live = None
         self.end(f"error: live delivery was interrupted ({reason.value}); send REQ again")
 
-    def _render(self, event: dict[str, Any]) -> str | None:
-        """The EVENT frame for a live event, or None if this REQ does not get it. KeyError/TypeError if malformed."""
+    def _wanted(self, event: dict[str, Any]) -> str | None:
+        """The channel of a live event this REQ gets, or None if it does not get it. KeyError/TypeError if
+        malformed."""
         channel = _channel_tag(event)
-        if channel not in self._channel_strs or not matches_any(self.filters, event):
+        if channel is None or channel not in self._channel_strs or not matches_any(self.filters, event):
             return None
         if self._sent_ids is not None and event.get("id") in self._sent_ids:
             return None
+        return channel
+
+    def _frame(self, event: dict[str, Any]) -> str:
         return self._prefix + dumps(event) + "]"
 
-    def _deliver(self, event: dict[str, Any]) -> None:
+    def _decided(self, live: _Live, channel: str) -> bool:
+        """Whether the reader's access to `channel` was decided at or after the instant `live` was stored: at its
+        epoch or a later one, or by a decision that began after it arrived (and so after it was stored)."""
+        if live.arrival <= self._decided_through.get(channel, 0):
+            return True
+        return live.epoch is not None and live.epoch <= self._epochs.get(channel, -1)
+
+    def _deliver(self, live: _Live) -> None:
+        """Send a live event now, or hold it until its reader's access is decided again (delivery pauses)."""
         try:
-            text = self._render(event)
-            if text is not None:
-                self.host.outbound.try_put(text)
+            channel = self._wanted(live.event)
+            if channel is None:
+                return
+            if not self._decided(live, channel):
+                self._held.append(live)
+                self._decide_again(channel)
+                return
+            self.host.outbound.try_put(self._frame(live.event))
         except QueueFull:
             # The client stopped reading; dropping silently is not allowed, so the connection ends.
             self.host.abort()
         except (KeyError, TypeError):
             self.end("error: live delivery received a malformed entry; send REQ again")
 
+    def _next_held(self) -> str | None:
+        """The frame of the first held event that may go out now, taken off the held list; None when there is
+        none (the list is empty, or its first event waits for a decision, which this starts). Skips held events
+        this REQ does not get. KeyError/TypeError if malformed."""
+        while self._held and not self._rechecks:
+            live = self._held[0]
+            channel = self._wanted(live.event)
+            if channel is None:
+                self._held.pop(0)
+                continue
+            if not self._decided(live, channel):
+                self._decide_again(channel)
+                return None
+            self._held.pop(0)
+            return self._frame(live.event)
+        return None
+
+    def _decide_again(self, channel: str) -> None:
+        """Re-check the reader's access to `channel` for a held event (one at a time per channel)."""
+        if channel in self._deciding:
+            return
+        self._deciding.add(channel)
+        self._rechecks += 1
+        asyncio.get_running_loop().create_task(self._recheck(channel, held=True))
+
     def _release_held(self) -> None:
         if self._rechecks:
             return  # still held; the stored ids stay until then, so a held stored event is not sent twice
-        held, self._held = self._held, []
-        for event in held:
-            if self.ended:
+        while not self.ended:
+            try:
+                text = self._next_held()
+                if text is None:
+                    break
+                self.host.outbound.try_put(text)
+            except QueueFull:
+                self.host.abort()
                 return
-            self._deliver(event)
-        # A change stored before the read can still arrive live after EOSE (a slow or retried publish):
-        # the stored ids are kept a while so it is not sent twice, then dropped (they are bounded anyway).
-        asyncio.get_running_loop().call_later(SENT_IDS_GRACE, self._forget_sent)
+            except (KeyError, TypeError):
+                self.end("error: live delivery received a malformed entry; send REQ again")
+                return
+        if not self._forget_armed:
+            # A change stored before the read can still arrive live after EOSE (a slow or retried publish):
+            # the stored ids are kept a while so it is not sent twice, then dropped (they are bounded anyway).
+            self._forget_armed = True
+            asyncio.get_running_loop().call_later(SENT_IDS_GRACE, self._forget_sent)
 
     def _forget_sent(self) -> None:
         self._sent_ids = None
@@ -270,8 +357,11 @@ class ReqSubscription:
         self._rechecks += 1
         asyncio.get_running_loop().create_task(self._recheck(None, expiring=True))
 
-    async def _recheck(self, channel: str | None, *, expiring: bool = False) -> None:
-        """Re-check read access to `channel`, or the reader's standing (None); end the REQ if it is gone."""
+    async def _recheck(self, channel: str | None, *, expiring: bool = False, held: bool = False) -> None:
+        """Re-check read access to `channel`, or the reader's standing (None); end the REQ if it is gone. `held`:
+        started for a held event (`_decide_again`)."""
+        # Every live event that has arrived by now was stored before this decision's read begins.
+        through = self._arrivals
         try:
             actor = self.host.actor
             if actor is None:
@@ -279,13 +369,19 @@ class ReqSubscription:
             if channel is None:
                 decision = await check_reader(actor)
             else:
-                decision = await check_read(actor, uuid.UUID(channel))
+                access = await load_access(actor, uuid.UUID(channel))
+                decision = decide_read(actor, uuid.UUID(channel), access)
+                if decision.ok:
+                    self._epochs[channel] = max(self._epochs.get(channel, -1), access.epoch)
+                    self._decided_through[channel] = max(self._decided_through.get(channel, 0), through)
         except Exception:
             log.exception("access re-check failed")
             self.end("error: could not re-check channel access; send REQ again")
             return
         finally:
             self._rechecks -= 1
+            if held and channel is not None:
+                self._deciding.discard(channel)
         if not decision.ok:
             reason = decision.reason
             if reason.split(":", 1)[0] not in ("restricted", "blocked", "auth-required"):

@@ -50,7 +50,7 @@ from artifacts.services import (
     read_params,
     update_params,
 )
-from buzz.chat.messages import _POST_SQL, post_params
+from buzz.chat.messages import _POST, post_params
 from buzz.identity.actor import Actor
 from buzz.nostr import Event, Signer, parse_event
 from buzz.runtime import conninfo_from_settings
@@ -360,7 +360,7 @@ def hot_statements(fresh: Fresh) -> dict[str, tuple[str, dict[str, Any]]]:
     # Kind 9: a message that replies in no thread (the usual case), and a reply to a message.
     for name, parent in (("kind9", None), ("kind9_reply", root)):
         event = _event(message(alice, channel, root=parent, p=[Signer.generate().pubkey]))
-        out[name] = (_POST_SQL, post_params(actor, event, channel))
+        out[name] = (_POST.named, post_params(actor, event, channel))
     # NIP-AR create, without a root and rooted at a message.
     for name, parent in (("create", None), ("create_rooted", root)):
         event = _event(revision(alice, d=uuid.uuid4(), h=channel, root=parent))

@@ -13,7 +13,7 @@ from psycopg import _queries
 from psycopg.adapt import Transformer
 
 from artifacts.services import _ADVANCE, _CREATE, _READ, _UPDATE
-from buzz.chat.messages import _POST_SQL
+from buzz.chat.messages import _POST
 from buzz.sqltext import (
     CACHED_QUERY_BYTES,
     CACHED_QUERY_PARAMS,
@@ -23,9 +23,9 @@ from buzz.sqltext import (
     raw_statement,
 )
 
-HOT = {"kind 9": _POST_SQL, "artifact read": _READ, "artifact create": _CREATE}
+HOT = {"artifact read": _READ, "artifact create": _CREATE}
 # Statements longer than psycopg's cache takes: converted once, run on a raw cursor.
-RAW = {"artifact update": _UPDATE, "artifact advance": _ADVANCE}
+RAW = {"kind 9": _POST, "artifact update": _UPDATE, "artifact advance": _ADVANCE}
 
 # A lexer of its own: quoted tokens, words (placeholders included), numbers, operator runs, punctuation;
 # whitespace and comments are not tokens.

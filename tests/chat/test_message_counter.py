@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from buzz.chat.messages import _POST_SQL, post_params
+from buzz.chat.messages import _POST, post_params
 from buzz.models import MESSAGE_COUNTER_SHARDS, Channel, Community, Membership, MessageCounter
 from buzz.nostr import Signer, parse_event
 from buzz.runtime import conninfo_from_settings
@@ -46,7 +46,7 @@ def _session_in_another_shard(taken: int) -> tuple[psycopg.Connection[Any], int]
 
 def _post(conn: psycopg.Connection[Any], community: Community, signer: Signer, channel: uuid.UUID) -> None:
     event = parse_event(message(signer, channel, "hello"))
-    row = conn.execute(_POST_SQL, post_params(actor_of(community, signer), event, channel)).fetchone()
+    row = conn.execute(_POST.named, post_params(actor_of(community, signer), event, channel)).fetchone()
     assert row is not None and row[-2] == 1, "the message was not stored"
 
 

@@ -1,0 +1,147 @@
+"""A live REQ delivers an event only if its reader could read the channel when the event was stored.
+
+Signals of different processes reach a node in no set order: the signal of an access change can arrive after
+the signal of a message stored after that change. Each event signal carries its channel's access epoch as the
+write read it (buzz.live.signals.EVENT), and a REQ whose reader's access was decided at a lower epoch, or an
+event signal that carries none, decides it again before delivering (buzz.ws.req). Here the access change's
+own signal is withheld altogether (tests/support/faults.py `unsignalled`): only the epoch can stop the event.
+Before the epoch, the removed reader got the message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
+from buzz.chat import channels
+from buzz.live.hub import topic_for_channel
+from buzz.nostr import Signer
+from tests.artifacts.write_support import accepted, message
+from tests.support.faults import next_for, unsignalled
+from tests.support.wsclient import RelayClient
+from tests.sync.support import RELAY_ENV, World, make_world, revision
+
+HOST = "req-epoch.test"
+
+
+@pytest.fixture
+def world(transactional_db: None) -> World:
+    return make_world(HOST)
+
+
+async def _live_req(reader: RelayClient, flt: dict[str, Any]) -> None:
+    await reader.send_json(["REQ", "r", flt])
+    while (m := await next_for(reader, "r"))[0] == "EVENT":
+        pass
+    assert m[0] == "EOSE", m
+
+
+# Each write path that stores an event in channel a after the reader's removal: (kinds the REQ asks for, the
+# events the owner sends before the removal, the events after). A move out of a stores its 45011 in a.
+def _writes(world: World) -> dict[str, tuple[list[int], list[dict[str, Any]], list[dict[str, Any]]]]:
+    d = uuid.uuid4()
+    create = revision(world.owner, d, world.a, "create")
+    return {
+        "message": ([9], [message(world.owner, world.a, content="before")], [message(world.owner, world.a)]),
+        "create": ([KIND_ARTIFACT], [create], [revision(world.owner, uuid.uuid4(), world.a, "create")]),
+        "update": ([KIND_ARTIFACT], [create], [revision(world.owner, d, world.a, "update", prev=create["id"])]),
+        "move": ([KIND_REMOVAL], [create], [revision(world.owner, d, world.b, "move", prev=create["id"])]),
+    }
+
+
+@pytest.mark.parametrize("write", ["message", "create", "update", "move"])
+async def test_an_event_stored_after_an_unsignalled_removal_is_not_delivered(
+    world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    kinds, before, after = _writes(world)[write]
+    relay = relay_factory(**RELAY_ENV)
+    async with (
+        RelayClient.connect(relay.ws_url, host=HOST) as owner,
+        RelayClient.connect(relay.ws_url, host=HOST) as reader,
+    ):
+        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
+        await _live_req(reader, {"#h": [str(world.a)], "kinds": kinds})
+        for event in before:
+            await accepted(owner, event)
+        for event in before:
+            if event["kind"] in kinds:
+                m = await next_for(reader, "r")
+                assert m[0] == "EVENT" and m[2]["id"] == event["id"], m
+        await unsignalled(channels.member_remove, monkeypatch)(
+            community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
+        )
+        for event in after:
+            await accepted(owner, event)
+        # The first thing the reader hears is the end of the REQ, not the event.
+        m = await next_for(reader, "r")
+        assert m[0] == "CLOSED" and m[2].startswith("restricted:"), m
+
+
+async def test_a_wide_req_stops_at_the_lost_channel_and_delivers_nothing_of_it(
+    world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    async with (
+        RelayClient.connect(relay.ws_url, host=HOST) as owner,
+        RelayClient.connect(relay.ws_url, host=HOST) as reader,
+    ):
+        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
+        await _live_req(reader, {"kinds": [9]})  # a and b
+        in_b = await accepted(owner, message(world.owner, world.b, content="b before"))
+        m = await next_for(reader, "r")
+        assert m[0] == "EVENT" and m[2]["id"] == in_b, m
+        await unsignalled(channels.member_remove, monkeypatch)(
+            community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
+        )
+        await accepted(owner, message(world.owner, world.a, content="a after the removal"))
+        m = await next_for(reader, "r")
+        assert m[0] == "CLOSED" and m[2].startswith("restricted:"), m
+
+
+async def test_an_epoch_advanced_by_another_readers_change_delays_but_delivers(
+    world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relay = relay_factory(**RELAY_ENV)
+    async with (
+        RelayClient.connect(relay.ws_url, host=HOST) as owner,
+        RelayClient.connect(relay.ws_url, host=HOST) as reader,
+    ):
+        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
+        await _live_req(reader, {"#h": [str(world.a)], "kinds": [9]})
+        # Someone else joins a: the epoch advances, the reader keeps its access.
+        await unsignalled(channels.member_put, monkeypatch)(
+            community=world.community, channel_uuid=world.a, actor=None, pubkey=Signer.generate().pubkey
+        )
+        sent = [await accepted(owner, message(world.owner, world.a, content=f"after {i}")) for i in range(3)]
+        got = [(await next_for(reader, "r")) for _ in sent]
+        assert [m[0] for m in got] == ["EVENT"] * 3 and [m[2]["id"] for m in got] == sent, got
+
+
+@pytest.mark.parametrize("removed", [False, True], ids=["reader-kept", "reader-removed"])
+async def test_an_event_signal_without_an_epoch_waits_for_a_decision_made_after_it(
+    world: World, relay_factory: Any, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, removed: bool
+) -> None:
+    """A signal from a writer that sends no epoch (an older relay, during a rolling upgrade) counts as one of a
+    later epoch: the event goes out only once the reader's access has been decided after it arrived."""
+    relay = relay_factory(**RELAY_ENV)
+    async with RelayClient.connect(relay.ws_url, host=HOST) as reader:
+        assert (await reader.auth(world.reader))[2] is True
+        await _live_req(reader, {"#h": [str(world.a)], "kinds": [9]})
+        if removed:
+            await unsignalled(channels.member_remove, monkeypatch)(
+                community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
+            )
+        event = message(world.owner, world.a, content="no epoch")
+        wire = os.environ["BUZZ_REDIS_PREFIX"] + topic_for_channel(world.community.pk, str(world.a))
+        assert redis_client.publish(wire, json.dumps({"t": "event", "event": event})) == 1
+        m = await next_for(reader, "r")
+        if removed:
+            assert m[0] == "CLOSED" and m[2].startswith("restricted:"), m
+        else:
+            assert m[0] == "EVENT" and m[2]["id"] == event["id"], m
