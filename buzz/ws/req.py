@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from buzz.access.policy import Denied, channel_epochs, check_reader, decide_read, load_access
+from buzz.chat.channels import STATE_KINDS
 from buzz.events.query import ReadsBusy, query_events
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
@@ -395,7 +396,10 @@ class ReqSubscription:
 
 
 def _channel_tag(event: dict[str, Any]) -> str | None:
+    """The channel a live event belongs to: its h tag, or the d tag of the relay-signed group state (39000-39002),
+    which names its channel there (buzz.chat.channels.refresh_state stores it in that channel)."""
+    name = "d" if event["kind"] in STATE_KINDS else "h"
     for tag in event["tags"]:
-        if len(tag) >= 2 and tag[0] == "h":
+        if len(tag) >= 2 and tag[0] == name:
             return str(tag[1])
     return None

@@ -21,6 +21,7 @@ from buzz.chat.channels import ChannelError
 from buzz.models import Channel, Community, Membership, MessageCounter, StoredEvent
 from buzz.nostr import Signer, parse_event, verify_event
 from tests.support.factories import NOT_A_MEMBER, make_channel, make_community, message, signed, signers
+from tests.support.faults import next_for
 from tests.support.records import stored
 from tests.support.wire import publish, query
 from tests.support.wsclient import RelayClient
@@ -373,6 +374,35 @@ async def test_ws_9007_creates_a_channel_and_its_state(crew: Crew, relay_factory
         assert tag(got[39000], "name") == ["name", "Launch"]
         assert tag(got[39000], "private") is not None
         assert roster(got[39002]) == {c.owner.pubkey: "owner"}
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["d-named", "wide"])
+async def test_a_live_req_on_the_state_kinds_gets_each_replacement(crew: Crew, relay_factory: Any, named: bool) -> None:
+    """The relay-signed state names its channel in d, not h: a live REQ places it by d (it got none live)."""
+    c = crew
+    relay = relay_factory()
+    ch = str(c.private)
+    flt: dict[str, Any] = {"kinds": [39000, 39002], **({"#d": [ch]} if named else {})}
+    async with connect(relay) as owner, connect(relay) as member:
+        for client, who in ((owner, c.owner), (member, c.member)):
+            assert (await client.auth(who))[2] is True
+        await member.send_json(["REQ", "live", flt])
+        while (m := await next_for(member, "live"))[0] == "EVENT":
+            pass
+        assert m[0] == "EOSE", m
+        await accepted(owner, signed(c.owner, 9002, [["h", ch], ["name", "renamed"]]))
+        m = await next_for(member, "live")
+        assert m[0] == "EVENT" and m[2]["kind"] == 39000 and tag(m[2], "name") == ["name", "renamed"], m
+        assert tag(m[2], "d") == ["d", ch]
+        # Each change replaces the whole state: the rename's roster, then the roster that names the new member.
+        await accepted(owner, signed(c.owner, 9000, [["h", ch], ["p", c.outsider.pubkey]]))
+        rosters: list[dict[str, str]] = []
+        while not rosters or c.outsider.pubkey not in rosters[-1]:
+            m = await next_for(member, "live")
+            assert m[0] == "EVENT" and tag(m[2], "d") == ["d", ch], m
+            if m[2]["kind"] == 39002:
+                rosters.append(roster(m[2]))
+        assert rosters[-1][c.outsider.pubkey] == "member" and len(rosters) <= 2, rosters
 
 
 async def test_ws_9000_and_9001_change_membership_by_role(crew: Crew, relay_factory: Any) -> None:
