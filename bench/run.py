@@ -177,6 +177,11 @@ register(
     Step("artifact_timing.py", 600, lambda o: 0.0, takes_seconds=False),
 )
 register(
+    "req-fanout",
+    "CPU per ordinary REQ for one live event, 1000 REQs on a channel, in-process, vs one serialization of the event",
+    Step("req_fanout.py", 120, lambda o: 10.0, takes_seconds=False),
+)
+register(
     "req-page",
     "REQ of 1000 rows on a 20,000-message channel vs one hand-written SQL statement",
     Step("req_page.py", 300, lambda o: 60.0, label="req", takes_seconds=False),

@@ -56,7 +56,7 @@ LIVE_WAIT = 5.0  # seconds a REQ waits for a healthy hub before CLOSED "error:"
 EXPIRY_RECHECK = 0.25
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Live:
     """A live event held for delivery: its channel's access epoch from its signal (None when it has none) and
     its place in the order live events arrived in."""
@@ -232,13 +232,14 @@ class ReqSubscription:
                 return
             epoch = message.get("epoch")
             self._arrivals += 1
-            live = _Live(event, epoch if type(epoch) is int else None, self._arrivals)
+            if type(epoch) is not int:
+                epoch = None
             if self._eose and self._rechecks == 0 and not self._held:
-                self._deliver(live)
+                self._deliver(event, epoch)
             elif len(self._held) >= self._held_max:
                 self.end("error: too many live events arrived while they were held; send REQ again")
             else:
-                self._held.append(live)
+                self._held.append(_Live(event, epoch, self._arrivals))
         elif kind == signals.ACCESS:
             channel = message.get("channel")
             if isinstance(channel, str) and channel in self._channel_strs:
@@ -265,26 +266,28 @@ class ReqSubscription:
         return channel
 
     def _frame(self, event: dict[str, Any]) -> str:
-        return self._prefix + dumps(event) + "]"
+        return self._prefix + _event_text(event) + "]"
 
-    def _decided(self, live: _Live, channel: str) -> bool:
-        """Whether the reader's access to `channel` was decided at or after the instant `live` was stored: at its
-        epoch or a later one, or by a decision that began after it arrived (and so after it was stored)."""
-        if live.arrival <= self._decided_through.get(channel, 0):
+    def _decided(self, channel: str, epoch: int | None, arrival: int) -> bool:
+        """Whether the reader's access to `channel` was decided at or after the instant a live event (its epoch,
+        its arrival) was stored: at its epoch or a later one, or by a decision that began after it arrived (and so
+        after it was stored)."""
+        if arrival <= self._decided_through.get(channel, 0):
             return True
-        return live.epoch is not None and live.epoch <= self._epochs.get(channel, -1)
+        return epoch is not None and epoch <= self._epochs.get(channel, -1)
 
-    def _deliver(self, live: _Live) -> None:
-        """Send a live event now, or hold it until its reader's access is decided again (delivery pauses)."""
+    def _deliver(self, event: dict[str, Any], epoch: int | None) -> None:
+        """Send the live event that arrived last now, or hold it until its reader's access is decided again
+        (delivery pauses)."""
         try:
-            channel = self._wanted(live.event)
+            channel = self._wanted(event)
             if channel is None:
                 return
-            if not self._decided(live, channel):
-                self._held.append(live)
+            if not self._decided(channel, epoch, self._arrivals):
+                self._held.append(_Live(event, epoch, self._arrivals))
                 self._decide_again(channel)
                 return
-            self.host.outbound.try_put(self._frame(live.event))
+            self.host.outbound.try_put(self._frame(event))
         except QueueFull:
             # The client stopped reading; dropping silently is not allowed, so the connection ends.
             self.host.abort()
@@ -301,7 +304,7 @@ class ReqSubscription:
             if channel is None:
                 self._held.pop(0)
                 continue
-            if not self._decided(live, channel):
+            if not self._decided(channel, live.epoch, live.arrival):
                 self._decide_again(channel)
                 return None
             self._held.pop(0)
@@ -393,6 +396,25 @@ class ReqSubscription:
             self._arm_expiry(EXPIRY_RECHECK)
         if self._eose:
             self._release_held()
+
+
+# The JSON text of the live events framed lately, by the identity of the decoded event: the hub hands one decoded
+# message to every subscription of the process (each drains its own queue, in its own order), so an event is
+# serialized once per process, not once per REQ that gets it. Each entry keeps its event, so an id can't be reused
+# while it is cached; the oldest entries go first.
+_TEXTS_MAX = 1024
+_texts: dict[int, tuple[dict[str, Any], str]] = {}
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    cached = _texts.get(id(event))
+    if cached is not None and cached[0] is event:
+        return cached[1]
+    text = dumps(event)
+    if len(_texts) >= _TEXTS_MAX:
+        del _texts[next(iter(_texts))]
+    _texts[id(event)] = (event, text)
+    return text
 
 
 def _channel_tag(event: dict[str, Any]) -> str | None:
