@@ -401,19 +401,27 @@ class ReqSubscription:
 # The JSON text of the live events framed lately, by the identity of the decoded event: the hub hands one decoded
 # message to every subscription of the process (each drains its own queue, in its own order), so an event is
 # serialized once per process, not once per REQ that gets it. Each entry keeps its event, so an id can't be reused
-# while it is cached; the oldest entries go first.
+# while it is cached. Bounded by count and by the texts' size (an event may be up to the message limit, 512 KiB by
+# default); the oldest entries go first, and a text larger than the whole bound is not kept.
 _TEXTS_MAX = 1024
+_TEXTS_MAX_CHARS = 4 * 1024 * 1024
 _texts: dict[int, tuple[dict[str, Any], str]] = {}
+_texts_chars = 0
 
 
 def _event_text(event: dict[str, Any]) -> str:
+    global _texts_chars
     cached = _texts.get(id(event))
     if cached is not None and cached[0] is event:
         return cached[1]
     text = dumps(event)
-    if len(_texts) >= _TEXTS_MAX:
-        del _texts[next(iter(_texts))]
+    if len(text) > _TEXTS_MAX_CHARS:
+        return text
+    while _texts and (len(_texts) >= _TEXTS_MAX or _texts_chars + len(text) > _TEXTS_MAX_CHARS):
+        _, oldest = _texts.pop(next(iter(_texts)))
+        _texts_chars -= len(oldest)
     _texts[id(event)] = (event, text)
+    _texts_chars += len(text)
     return text
 
 
