@@ -10,7 +10,9 @@ fully qualified spelling, names the same community as `localhost:7777`.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import os
 from typing import Any
 
@@ -25,6 +27,7 @@ from buzz.web import front  # noqa: E402
 from buzz.ws.consumer import RelayConsumer  # noqa: E402
 
 Scope = dict[str, Any]
+log = logging.getLogger(__name__)
 
 _ws_app = RelayConsumer.as_asgi()
 
@@ -53,11 +56,28 @@ async def _plain(send: Any, status: int, text: bytes) -> None:
 GC_THRESHOLDS = (50_000, 20, 20)
 
 
+# Seconds the startup waits for the database and Redis before it serves anyway.
+WARM_TIMEOUT = 3.0
+
+
+async def _warm() -> None:
+    """Connect to the database (the main pool's first connections) and to Redis before the first request, so
+    that no request pays for it inside its own budget (an incremental read's authentication has two seconds).
+    A failure is logged and the relay serves anyway: its requests then fail, or connect, as they would."""
+    try:
+        async with asyncio.timeout(WARM_TIMEOUT):
+            await runtime.pool()
+            await runtime.redis().ping()
+    except Exception as exc:
+        log.warning("could not connect to the database and Redis at startup (%s); serving anyway", exc)
+
+
 async def _lifespan(receive: Any, send: Any) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
             gc.set_threshold(*GC_THRESHOLDS)
+            await _warm()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await runtime.aclose()
