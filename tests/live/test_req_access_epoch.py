@@ -10,9 +10,11 @@ Before the epoch, the removed reader got the message.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -35,6 +37,25 @@ def world(transactional_db: None) -> World:
     return make_world(HOST)
 
 
+@contextlib.asynccontextmanager
+async def _owner_and_reader(world: World, relay_factory: Any) -> AsyncIterator[tuple[RelayClient, RelayClient]]:
+    """The owner and the reader, each authenticated on its own connection to one new relay process."""
+    relay = relay_factory(**RELAY_ENV)
+    async with (
+        RelayClient.connect(relay.ws_url, host=HOST) as owner,
+        RelayClient.connect(relay.ws_url, host=HOST) as reader,
+    ):
+        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
+        yield owner, reader
+
+
+async def _remove_reader_unsignalled(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader leaves channel a; no relay process hears of it."""
+    await unsignalled(channels.member_remove, monkeypatch)(
+        community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
+    )
+
+
 async def _live_req(reader: RelayClient, flt: dict[str, Any]) -> None:
     await reader.send_json(["REQ", "r", flt])
     while (m := await next_for(reader, "r"))[0] == "EVENT":
@@ -42,40 +63,49 @@ async def _live_req(reader: RelayClient, flt: dict[str, Any]) -> None:
     assert m[0] == "EOSE", m
 
 
-# Each write path that stores an event in channel a after the reader's removal: (kinds the REQ asks for, the
-# events the owner sends before the removal, the events after). A move out of a stores its 45011 in a.
-def _writes(world: World) -> dict[str, tuple[list[int], list[dict[str, Any]], list[dict[str, Any]]]]:
+# Each write path that stores an event in channel a after the reader's removal: (the REQ's filter, the events the
+# owner sends before the removal, the events after). A move out of a stores its 45011 in a; a wide REQ (a and b)
+# gets b's message before, and must not get a's after.
+def _writes(world: World) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]:
     d = uuid.uuid4()
     create = revision(world.owner, d, world.a, "create")
+    in_a = {"#h": [str(world.a)]}
     return {
-        "message": ([9], [message(world.owner, world.a, content="before")], [message(world.owner, world.a)]),
-        "create": ([KIND_ARTIFACT], [create], [revision(world.owner, uuid.uuid4(), world.a, "create")]),
-        "update": ([KIND_ARTIFACT], [create], [revision(world.owner, d, world.a, "update", prev=create["id"])]),
-        "move": ([KIND_REMOVAL], [create], [revision(world.owner, d, world.b, "move", prev=create["id"])]),
+        "message": ({**in_a, "kinds": [9]}, [message(world.owner, world.a)], [message(world.owner, world.a)]),
+        "create": (
+            {**in_a, "kinds": [KIND_ARTIFACT]},
+            [create],
+            [revision(world.owner, uuid.uuid4(), world.a, "create")],
+        ),
+        "update": (
+            {**in_a, "kinds": [KIND_ARTIFACT]},
+            [create],
+            [revision(world.owner, d, world.a, "update", prev=create["id"])],
+        ),
+        "move": (
+            {**in_a, "kinds": [KIND_REMOVAL]},
+            [create],
+            [revision(world.owner, d, world.b, "move", prev=create["id"])],
+        ),
+        "wide": ({"kinds": [9]}, [message(world.owner, world.b)], [message(world.owner, world.a)]),
     }
 
 
-@pytest.mark.parametrize("write", ["message", "create", "update", "move"])
+@pytest.mark.parametrize("write", ["message", "create", "update", "move", "wide"])
 async def test_an_event_stored_after_an_unsignalled_removal_is_not_delivered(
     world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch, write: str
 ) -> None:
-    kinds, before, after = _writes(world)[write]
-    relay = relay_factory(**RELAY_ENV)
-    async with (
-        RelayClient.connect(relay.ws_url, host=HOST) as owner,
-        RelayClient.connect(relay.ws_url, host=HOST) as reader,
-    ):
-        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
-        await _live_req(reader, {"#h": [str(world.a)], "kinds": kinds})
+    flt, before, after = _writes(world)[write]
+    kinds = flt["kinds"]
+    async with _owner_and_reader(world, relay_factory) as (owner, reader):
+        await _live_req(reader, flt)
         for event in before:
             await accepted(owner, event)
         for event in before:
             if event["kind"] in kinds:
                 m = await next_for(reader, "r")
                 assert m[0] == "EVENT" and m[2]["id"] == event["id"], m
-        await unsignalled(channels.member_remove, monkeypatch)(
-            community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
-        )
+        await _remove_reader_unsignalled(world, monkeypatch)
         for event in after:
             await accepted(owner, event)
         # The first thing the reader hears is the end of the REQ, not the event.
@@ -83,36 +113,10 @@ async def test_an_event_stored_after_an_unsignalled_removal_is_not_delivered(
         assert m[0] == "CLOSED" and m[2].startswith("restricted:"), m
 
 
-async def test_a_wide_req_stops_at_the_lost_channel_and_delivers_nothing_of_it(
-    world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    relay = relay_factory(**RELAY_ENV)
-    async with (
-        RelayClient.connect(relay.ws_url, host=HOST) as owner,
-        RelayClient.connect(relay.ws_url, host=HOST) as reader,
-    ):
-        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
-        await _live_req(reader, {"kinds": [9]})  # a and b
-        in_b = await accepted(owner, message(world.owner, world.b, content="b before"))
-        m = await next_for(reader, "r")
-        assert m[0] == "EVENT" and m[2]["id"] == in_b, m
-        await unsignalled(channels.member_remove, monkeypatch)(
-            community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
-        )
-        await accepted(owner, message(world.owner, world.a, content="a after the removal"))
-        m = await next_for(reader, "r")
-        assert m[0] == "CLOSED" and m[2].startswith("restricted:"), m
-
-
 async def test_an_epoch_advanced_by_another_readers_change_delays_but_delivers(
     world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    relay = relay_factory(**RELAY_ENV)
-    async with (
-        RelayClient.connect(relay.ws_url, host=HOST) as owner,
-        RelayClient.connect(relay.ws_url, host=HOST) as reader,
-    ):
-        assert (await owner.auth(world.owner))[2] is True and (await reader.auth(world.reader))[2] is True
+    async with _owner_and_reader(world, relay_factory) as (owner, reader):
         await _live_req(reader, {"#h": [str(world.a)], "kinds": [9]})
         # Someone else joins a: the epoch advances, the reader keeps its access.
         await unsignalled(channels.member_put, monkeypatch)(
@@ -134,9 +138,7 @@ async def test_an_event_signal_without_an_epoch_waits_for_a_decision_made_after_
         assert (await reader.auth(world.reader))[2] is True
         await _live_req(reader, {"#h": [str(world.a)], "kinds": [9]})
         if removed:
-            await unsignalled(channels.member_remove, monkeypatch)(
-                community=world.community, channel_uuid=world.a, actor=None, pubkey=world.reader.pubkey
-            )
+            await _remove_reader_unsignalled(world, monkeypatch)
         event = message(world.owner, world.a, content="no epoch")
         wire = os.environ["BUZZ_REDIS_PREFIX"] + topic_for_channel(world.community.pk, str(world.a))
         assert redis_client.publish(wire, json.dumps({"t": "event", "event": event})) == 1
