@@ -373,8 +373,10 @@ class ReqSubscription:
             if channel is None:
                 decision = await check_reader(actor)
             else:
-                access = await load_access(actor, uuid.UUID(channel))
-                decision = decide_read(actor, uuid.UUID(channel), access)
+                # check_read's two steps, for the epoch its facts were read at.
+                channel_id = uuid.UUID(channel)
+                access = await load_access(actor, channel_id)
+                decision = decide_read(actor, channel_id, access)
                 if decision.ok:
                     self._epochs[channel] = max(self._epochs.get(channel, -1), access.epoch)
                     self._decided_through[channel] = max(self._decided_through.get(channel, 0), through)
