@@ -285,8 +285,16 @@ def reader_digest(actor: Actor) -> str:
     return hashlib.sha256(b"nip-ar-incremental-reader\0" + text.encode()).hexdigest()[:32]
 
 
+@functools.lru_cache(maxsize=8)
+def _signer(key: str, kind: str) -> signing.TimestampSigner:
+    """The signer of one kind of token under `key` (the format of `signing.dumps`). It has no fallback keys:
+    Django's would be settings.SECRET_KEY_FALLBACKS, retired keys of another identity, and a token one of
+    them signed would verify. Kept, not made per token: a page signs one token and opens one."""
+    return signing.TimestampSigner(key=key, salt=_SALTS[kind], fallback_keys=[])
+
+
 def sign_token(kind: str, payload: dict[str, Any]) -> str:
-    token = signing.dumps(payload, key=_key(), salt=_SALTS[kind], compress=True)
+    token = _signer(_key(), kind).sign_object(payload, compress=True)
     if len(token) > MAX_TOKEN_CHARS:  # never: the payloads are a few short fields (and a page reserves this)
         raise RuntimeError(f"a {kind} of {len(token)} characters, past MAX_TOKEN_CHARS")
     return token
@@ -307,7 +315,7 @@ def open_token(kind: str, token: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=_OPENED_MAX)
 def _verified(key: str, kind: str, token: str) -> dict[str, Any]:
     try:
-        payload = signing.loads(token, key=key, salt=_SALTS[kind])
+        payload = _signer(key, kind).unsign_object(token)
     except (signing.BadSignature, ValueError, UnicodeDecodeError):
         raise invalid(f"this {kind} was not issued by this relay, or was altered", reason="token") from None
     if not isinstance(payload, dict) or payload.get("v") != VERSION:

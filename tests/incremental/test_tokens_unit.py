@@ -8,6 +8,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from django.core import signing
 from django.test import override_settings
 
 from artifacts import incremental
@@ -15,7 +16,8 @@ from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
 
 QUERY = {"artifact": "current", "#type": ["buzz.task"]}
-KEY = {"enabled": True, "signing_key": "unit-" + "k" * 40, "page_rows": 100, "response_bytes": 8 * 1024 * 1024}
+SIGNING_KEY = "unit-" + "k" * 40
+KEY = {"enabled": True, "signing_key": SIGNING_KEY, "page_rows": 100, "response_bytes": 8 * 1024 * 1024}
 T0 = dt.datetime(2026, 10, 21, 12, 0, 0, 123456, tzinfo=dt.UTC)
 
 
@@ -105,3 +107,20 @@ def test_an_opened_token_vouches_for_no_other_string() -> None:
     for i in range(incremental._OPENED_MAX + 10):
         incremental.open_token("checkpoint", _checkpoint(start=T0 + dt.timedelta(microseconds=i)))
     assert incremental._verified.cache_info().currsize == incremental._OPENED_MAX
+
+
+def test_only_the_incremental_signing_key_signs() -> None:
+    """A token is verified with BUZZ_INCREMENTAL_SIGNING_KEY alone: Django's SECRET_KEY and its rotation
+    fallbacks (SECRET_KEY_FALLBACKS) are another identity, and a token they signed is refused."""
+    retired = "retired-django-secret-" + "s" * 40
+    payload = incremental.open_token("checkpoint", _checkpoint())
+    with override_settings(SECRET_KEY_FALLBACKS=[retired]):
+        forged = signing.dumps(payload, key=retired, salt=incremental._SALTS["checkpoint"], compress=True)
+        err = _error(lambda: incremental.open_token("checkpoint", forged))
+        assert (err.status, err.code) == (400, "incremental_invalid")
+        assert _error(lambda: incremental.resume(_actor(), _request(checkpoint=forged), now=T0, stamp=3)).code == (
+            "incremental_invalid"
+        )
+    # The same payload under the incremental key is a good token: only the key differs.
+    good = signing.dumps(payload, key=SIGNING_KEY, salt=incremental._SALTS["checkpoint"], compress=True)
+    assert incremental.open_token("checkpoint", good)["s"] == incremental.micros(T0)
