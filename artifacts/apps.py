@@ -6,9 +6,8 @@ class ArtifactsConfig(AppConfig):
     verbose_name = "NIP-AR artifacts"
 
     def ready(self) -> None:
-        from artifacts import incremental, redaction, services, sync, views
+        from artifacts import redaction, services, sync, views
         from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
-        from buzz.access.changes import register_access_hook
         from buzz.chat.removals import register_removal_target
         from buzz.events.ingest import register_kind
         from buzz.web.front import register_route
@@ -34,8 +33,6 @@ class ArtifactsConfig(AppConfig):
         # The 9005 that redacts one names it: readers never get it (a retired head's id is for nobody to learn).
         register_removal_target(KIND_ARTIFACT, redaction.redact_removal, withhold_request=True)
         register_removal_target(KIND_REMOVAL, redaction.redact_removal, withhold_request=True)
-        # NIP-AR incremental reads: every access change advances the community's policy stamp, in its transaction.
-        register_access_hook(incremental.advance_policy_stamp)
         # The views' reads (current, history, head, incremental, count) are served on the event loop, before
         # Django's middleware chain (buzz.web.front): they authenticate each request themselves.
         register_route("POST", "/query", accepts=views.any_body, view=views.query, max_body=views.MAX_BODY)

@@ -32,7 +32,7 @@ BATCH_MAX = 500
 # access before it sends the head (a change whose signal has not reached it yet).
 _HEADS = """
 SELECT a.d, a.home, a.deleted, a.retired, r.id, r.seq, r.raw, c.access_epoch,
-       (SELECT s.stamp FROM artifacts_policystamp s WHERE s.community_id = a.community_id)
+       (SELECT s.stamp FROM buzz_policystamp s WHERE s.community_id = a.community_id)
 FROM artifacts_artifact a JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id
 LEFT JOIN buzz_channel c ON c.community_id = a.community_id AND c.uuid = a.home
 WHERE a.community_id = %s AND a.d = ANY(%s::uuid[])

@@ -48,7 +48,6 @@ import psycopg.errors
 import psycopg_pool
 from django.conf import settings
 from django.core import signing
-from django.db import connection
 from psycopg import AsyncConnection
 
 from artifacts.query import ArtifactQuery, QueryError, parse_query
@@ -435,27 +434,6 @@ def resume(actor: Actor, request: Request, *, now: dt.datetime, stamp: int) -> P
     return Pass(start=now_us, since=None, stamp=stamp)
 
 
-# --- the policy stamp -------------------------------------------------------------------------
-
-_ADVANCE_STAMP = """
-INSERT INTO artifacts_policystamp (community_id, stamp, changed_at) VALUES (%s, 1, clock_timestamp())
-ON CONFLICT (community_id) DO UPDATE SET stamp = artifacts_policystamp.stamp + 1, changed_at = clock_timestamp()
-"""
-
-
-def advance_policy_stamp(community_id: int) -> None:
-    """Advance the community's policy stamp: every incremental-read token issued before is refused (409
-    policy_changed) once this commits. Runs in the caller's transaction (Django's connection): access
-    changes call it through buzz.access.changes; a moderation policy reset calls it directly."""
-    with connection.cursor() as cursor:
-        cursor.execute(_ADVANCE_STAMP, [community_id])
-
-
-async def advance_policy_stamp_async(conn: AsyncConnection[Any], community_id: int) -> None:
-    """The same, on a psycopg connection of the runtime's pool, in its current transaction."""
-    await conn.execute(_ADVANCE_STAMP, (community_id,))
-
-
 # --- reading ----------------------------------------------------------------------------------
 
 _active = 0
@@ -607,7 +585,7 @@ _BUDGET_SQL: Final = "SELECT set_config('statement_timeout', %s, true)"
 # clock returned here (a timestamptz's text reads back exactly in the same session).
 _HEAD_SQL: Final = (
     "SELECT set_config('plan_cache_mode', %s, true), c.t,"
-    " (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s),"
+    " (SELECT stamp FROM buzz_policystamp WHERE community_id = %s),"
     " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL),"
     " set_config('buzz.pass_start', c.t::text, true) FROM (SELECT clock_timestamp() AS t) AS c"
 )

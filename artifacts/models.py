@@ -182,17 +182,3 @@ class MoveRemoval(models.Model):
 
     def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
         raise _refuse_delete("a move removal")
-
-
-class PolicyStamp(models.Model):
-    """One per community: the access-policy stamp that incremental-read tokens bind.
-
-    Every relevant access change advances it in its own transaction (buzz.access.changes, registered by
-    artifacts.incremental), and so does an operator's access-policy reset (moderation.services.reset_policy,
-    through artifacts.incremental.advance_policy_stamp), so an incremental-read token minted before the change
-    is refused afterwards. Artifact writes never touch it.
-    """
-
-    community = models.OneToOneField(Community, on_delete=models.CASCADE, primary_key=True)
-    stamp = models.BigIntegerField(default=0)
-    changed_at = models.DateTimeField(auto_now=True)

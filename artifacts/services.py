@@ -171,8 +171,8 @@ FROM facts f, art
 
 # A create in one statement: the policy's facts for h and its decision as a condition (buzz.access.policy),
 # the anchor, the identity claimed with the revision and everything that goes with it; the answer's reason
-# is decide_post's on the returned facts.
-_CREATE = hot_statement(f"""
+# is decide_post's on the returned facts. Raw (buzz.sqltext): longer than psycopg's conversion cache takes.
+_CREATE = raw_statement(f"""
 WITH facts AS (
 {access_facts_sql()}
 ), anchor AS (
@@ -391,7 +391,9 @@ def create_params(actor: Actor, event: Event, env: Envelope, owner: str | None) 
 async def _create(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
 ) -> tuple[WriteResult, _Published]:
-    row = await (await conn.execute(_CREATE, create_params(actor, event, env, owner))).fetchone()
+    cursor = psycopg.AsyncRawCursor(conn)
+    await cursor.execute(_CREATE.text, _CREATE.args(create_params(actor, event, env, owner)))
+    row = await cursor.fetchone()
     if row is None:
         raise RuntimeError("the create statement returned no row")
     _, access = access_from_row(row)

@@ -351,7 +351,7 @@ class SyncSubscription:
         """(access epoch, policy stamp) of each channel #h names, now (on `conn`: in its snapshot)."""
         community = self.host.community.id
         sql = (
-            "SELECT c.uuid, c.access_epoch, (SELECT stamp FROM artifacts_policystamp WHERE community_id = %s)"
+            "SELECT c.uuid, c.access_epoch, (SELECT stamp FROM buzz_policystamp WHERE community_id = %s)"
             " FROM buzz_channel c WHERE c.community_id = %s AND c.uuid = ANY(%s)"
         )
         rows = await fetch_all(sql, (community, community, sorted(self._named)), conn=conn)

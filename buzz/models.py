@@ -306,6 +306,25 @@ class Ban(models.Model):
         return f"ban {self.pubkey[:12]}…"
 
 
+class PolicyStamp(models.Model):
+    """One per community: its access-policy stamp, advanced in the transaction of every change to who may read
+    in the community that no channel's own access epoch records: a channel's visibility, listing, TTL or
+    deletion, a ban, relay admission, a token's revocation, an operator's policy reset
+    (buzz.access.changes.access_changed). Membership grants and removals, and every write, leave it alone.
+
+    NIP-AR incremental-read tokens bind it (a token minted before a change is refused after it), a live sync
+    compares it with each head, and it is part of every channel's effective access epoch
+    (buzz.access.policy.ChannelAccess.epoch), so a live REQ re-decides its reader's standing too.
+    """
+
+    community = models.OneToOneField(Community, on_delete=models.CASCADE, primary_key=True)
+    stamp = models.BigIntegerField(default=0)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"policy stamp {self.stamp} of community {self.community_id}"
+
+
 class Timeout(models.Model):
     """Relay-level timeout: writes are `restricted:` until `until`; reads continue."""
 

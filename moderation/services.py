@@ -24,7 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from artifacts.census import count_open_syncs
-from artifacts.models import Artifact, MoveRemoval, PolicyStamp, Revision
+from artifacts.models import Artifact, MoveRemoval, Revision
 from artifacts.redaction import Redaction, count_expirable, expire_batch
 from buzz.access.changes import access_changed
 from buzz.chat.channels import (
@@ -38,7 +38,7 @@ from buzz.chat.channels import (
 )
 from buzz.chat.removals import Removal, remove_event
 from buzz.live import signals
-from buzz.models import Channel, Community
+from buzz.models import Channel, Community, PolicyStamp
 from buzz.nostr import Event, Signer
 from moderation.models import AuditAction, AuditRecord, RetentionPolicy
 
@@ -482,7 +482,7 @@ def reset_policy(community: Community, *, actor: str, reason: str) -> LifecycleP
     """Reset the community's access policy: advance its PolicyStamp (incremental-read tokens minted before are
     refused) and have every subscription of every channel re-check access, so every sync resyncs."""
     with transaction.atomic():
-        # The one place that advances the stamp (artifacts.incremental, through buzz.access.changes).
+        # The one place that advances the stamp (buzz.access.changes).
         access_changed(community.pk)
         stamp = PolicyStamp.objects.get(community=community)
         channels = list(

@@ -27,7 +27,7 @@ import datetime as dt
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from psycopg import AsyncConnection
 
@@ -88,9 +88,12 @@ class ChannelAccess:
     timeout_until: dt.datetime | None
     token_ok: bool = True
     admitted: bool = True
-    # The channel's access epoch (Channel.access_epoch) in the snapshot these facts were read in: every change
-    # of who reads the channel advances it. A write's stored event carries it in its live signal, and a live
-    # REQ that decided its reader's access at a lower epoch decides it again before delivering (buzz.ws.req).
+    # The channel's effective access epoch in the snapshot these facts were read in: its own access epoch
+    # (Channel.access_epoch: its members, visibility, deletion) plus the community's policy stamp
+    # (PolicyStamp: bans, relay admission, token revocations, listing, TTL; buzz.access.changes). Both only
+    # grow, so every change of who may read the channel advances it. A write's stored event carries it in its
+    # live signal, and a live REQ that decided its reader's access at a lower epoch decides it again before
+    # delivering (buzz.ws.req).
     epoch: int = 0
 
     @property
@@ -145,7 +148,8 @@ def access_facts_sql(channels: str = "%(acc_channels)s::uuid[]") -> str:
   (SELECT max(t.until) FROM buzz_timeout t WHERE t.community_id = %(acc_community)s AND t.pubkey = %(acc_pubkey)s
           AND t.until > now()) AS timeout_until,
   c.id AS channel_pk, c.visibility, c.type AS ctype, c.archived IS NOT NULL AS archived,
-  c.deleted IS NOT NULL AS deleted, m.role, c.epoch,
+  c.deleted IS NOT NULL AS deleted, m.role,
+  c.epoch + coalesce((SELECT stamp FROM buzz_policystamp WHERE community_id = %(acc_community)s), 0) AS epoch,
   (%(acc_token)s::bigint IS NULL OR EXISTS (SELECT FROM buzz_apitoken WHERE id = %(acc_token)s
           AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()))) AS token_ok,
   {admitted_sql("%(acc_community)s", "%(acc_pubkey)s")} AS admitted
@@ -269,14 +273,18 @@ def access_of(rows: Sequence[Sequence[Any]]) -> dict[uuid.UUID, ChannelAccess]:
     return dict(access_from_row(row) for row in rows)
 
 
-_EPOCHS_SQL = "SELECT uuid, access_epoch FROM buzz_channel WHERE community_id = %s AND uuid = ANY(%s)"
+# The effective access epoch (ChannelAccess.epoch) of channels of one community: params (community, channels).
+EPOCHS_SQL: Final = (
+    "SELECT uuid, access_epoch + coalesce((SELECT stamp FROM buzz_policystamp WHERE community_id = c.community_id), 0)"
+    " FROM buzz_channel c WHERE community_id = %s AND uuid = ANY(%s)"
+)
 
 
 async def channel_epochs(
     community_id: int, channels: Sequence[uuid.UUID], *, conn: AsyncConnection[Any] | None = None
 ) -> dict[uuid.UUID, int]:
     """The access epoch of each channel that exists (ChannelAccess.epoch), now."""
-    rows = await fetch_all(_EPOCHS_SQL, (community_id, UuidArray(channels)), conn=conn)
+    rows = await fetch_all(EPOCHS_SQL, (community_id, UuidArray(channels)), conn=conn)
     return {channel: epoch for channel, epoch in rows}
 
 

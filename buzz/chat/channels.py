@@ -13,12 +13,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
 from buzz.access.changes import access_changed
-from buzz.access.policy import MANAGER_ROLES
+from buzz.access.policy import EPOCHS_SQL, MANAGER_ROLES
 from buzz.events.store import discard_sync, store_sync
 from buzz.live import signals
 from buzz.models import (
@@ -57,12 +57,13 @@ def _signal_access(channel: Channel, why: str, *, pubkey: str | None = None) -> 
 
 
 def access_epoch(community_id: int, channel: uuid.UUID) -> int:
-    """The channel's access epoch as the current transaction sees it (0 when there is no such channel): what the
-    live signal of an event stored in the channel carries (buzz.live.signals.event_message)."""
-    epoch = (
-        Channel.objects.filter(community_id=community_id, uuid=channel).values_list("access_epoch", flat=True).first()
-    )
-    return epoch or 0
+    """The channel's effective access epoch (ChannelAccess.epoch) as the current transaction sees it (0 when
+    there is no such channel): what the live signal of an event stored in the channel carries
+    (buzz.live.signals.event_message)."""
+    with connection.cursor() as cursor:
+        cursor.execute(EPOCHS_SQL, [community_id, [channel]])
+        row = cursor.fetchone()
+    return int(row[1]) if row is not None else 0
 
 
 def active_members(channel: Channel) -> list[Membership]:

@@ -33,9 +33,10 @@ from buzz.nostr import Event
 from buzz.runtime import runtime
 
 # A stored event of the channel, for live NIP-01 delivery: {"t": "event", "event": {...}, "epoch": n}. `epoch`
-# is the channel's access epoch (buzz.models.Channel.access_epoch) as the write that stored the event read it,
-# or later: a live REQ whose reader's access was decided at a lower epoch decides it again before it delivers
-# the event (buzz.ws.req), whatever order the access change's own signal arrives in.
+# is the channel's effective access epoch (buzz.access.policy.ChannelAccess.epoch: Channel.access_epoch plus
+# the community's PolicyStamp) as the write that stored the event read it, or later: a live REQ whose reader's
+# access was decided at a lower epoch decides it again before it delivers the event (buzz.ws.req), whatever
+# order the access change's own signal arrives in.
 EVENT: Final = "event"
 # Read access to the channel may have changed; subscribers re-check: {"t": "access", "channel", "why"}.
 ACCESS: Final = "access"

@@ -12,8 +12,10 @@ same way, whatever channels it reads.
 
 Signals of different processes reach it in no set order, so a new event can
 arrive before the signal of an access change that committed before it. Each
-live event carries its channel's access epoch as the write read it
-(buzz.live.signals.EVENT); the subscription knows, per channel, the epoch its
+live event carries its channel's effective access epoch as the write read it
+(buzz.live.signals.EVENT; the channel's own epoch plus the community's policy
+stamp, so a ban or a relay removal advances it as a membership change does:
+buzz.access.policy.ChannelAccess.epoch); the subscription knows, per channel, the epoch its
 reader's access was last decided at (read before the scope is decided again
 once live interest is confirmed, and with every re-check). An event of a
 later epoch, or of none, is held, and live delivery pauses, until a re-check

@@ -364,7 +364,7 @@ def hot_statements(fresh: Fresh) -> dict[str, tuple[str, dict[str, Any]]]:
     # NIP-AR create, without a root and rooted at a message.
     for name, parent in (("create", None), ("create_rooted", root)):
         event = _event(revision(alice, d=uuid.uuid4(), h=channel, root=parent))
-        out[name] = (_CREATE, create_params(actor, event, parse_envelope(event), None))
+        out[name] = (_CREATE.named, create_params(actor, event, parse_envelope(event), None))
     # NIP-AR edit: the read, then the compare-and-set advance (an update keeping the root).
     d = uuid.UUID(_md5(f"d{ARTIFACT_AT}"))
     head = _revision_id(ARTIFACT_AT, 4)

@@ -23,9 +23,9 @@ from buzz.sqltext import (
     raw_statement,
 )
 
-HOT = {"artifact read": _READ, "artifact create": _CREATE}
+HOT = {"artifact read": _READ}
 # Statements longer than psycopg's cache takes: converted once, run on a raw cursor.
-RAW = {"kind 9": _POST, "artifact update": _UPDATE, "artifact advance": _ADVANCE}
+RAW = {"kind 9": _POST, "artifact create": _CREATE, "artifact update": _UPDATE, "artifact advance": _ADVANCE}
 
 # A lexer of its own: quoted tokens, words (placeholders included), numbers, operator runs, punctuation;
 # whitespace and comments are not tokens.

@@ -1,4 +1,4 @@
-"""The community policy stamp (artifacts.PolicyStamp): every access change that no incremental window
+"""The community policy stamp (buzz.PolicyStamp): every access change that no incremental window
 can replay advances it, in the transaction that makes the change, also on an empty channel; membership
 grants and removals (which the window replays) and artifact writes do not."""
 
@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from artifacts.incremental import advance_policy_stamp
-from artifacts.models import PolicyStamp
+from buzz.access.changes import access_changed
 from buzz.chat import bans, channels
 from buzz.identity import communities, tokens
-from buzz.models import ApiToken, Community
+from buzz.models import ApiToken, Community, PolicyStamp
 from buzz.nostr import Signer
 from tests.support.factories import make_channel, make_community, make_token
 
@@ -57,7 +56,7 @@ ADVANCES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "token revocation": lambda x: tokens.token_revoke(
         token_id=ApiToken.objects.get(token_hash=tokens.hash_token(make_token(x["community"], x["r"]))).pk
     ),
-    "policy reset": lambda x: advance_policy_stamp(x["community"].pk),
+    "policy reset": lambda x: access_changed(x["community"].pk),
 }
 
 UNCHANGED: dict[str, Callable[[dict[str, Any]], Any]] = {

@@ -21,7 +21,9 @@ import pytest
 import redis
 
 from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
-from buzz.chat import channels
+from buzz.access.policy import BANNED, NOT_ADMITTED
+from buzz.chat import bans, channels
+from buzz.identity import communities
 from buzz.live.hub import topic_for_channel
 from buzz.nostr import Signer
 from tests.artifacts.write_support import accepted, message
@@ -122,6 +124,46 @@ async def test_an_epoch_advanced_by_another_readers_change_delays_but_delivers(
         await unsignalled(channels.member_put, monkeypatch)(
             community=world.community, channel_uuid=world.a, actor=None, pubkey=Signer.generate().pubkey
         )
+        sent = [await accepted(owner, message(world.owner, world.a, content=f"after {i}")) for i in range(3)]
+        got = [(await next_for(reader, "r")) for _ in sent]
+        assert [m[0] for m in got] == ["EVENT"] * 3 and [m[2]["id"] for m in got] == sent, got
+
+
+# Changes of a pubkey's standing in the whole community (not of one channel's members), each with the reason a
+# reader who loses its standing is given.
+_STANDING: dict[str, tuple[Any, str]] = {
+    "ban": (bans.ban_add, BANNED),
+    "relay-member-removed": (communities.member_remove, NOT_ADMITTED),
+}
+
+
+@pytest.mark.parametrize("flt", [{"kinds": [9]}, {"kinds": [9], "#h": ["a"]}], ids=["wide", "named"])
+@pytest.mark.parametrize("change", sorted(_STANDING))
+async def test_an_event_stored_after_an_unsignalled_standing_change_is_not_delivered(
+    world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch, change: str, flt: dict[str, Any]
+) -> None:
+    """A ban or a removal from the relay members changes no channel's members, and its signal (to the pubkey's
+    topic) can come after a later message's: the community's policy stamp, part of every channel's epoch,
+    stops the message."""
+    service, reason = _STANDING[change]
+    flt = {**flt, "#h": [str(world.a)]} if "#h" in flt else flt
+    async with _owner_and_reader(world, relay_factory) as (owner, reader):
+        await _live_req(reader, flt)
+        before = await accepted(owner, message(world.owner, world.a, content="before"))
+        m = await next_for(reader, "r")
+        assert m[0] == "EVENT" and m[2]["id"] == before, m
+        await unsignalled(service, monkeypatch)(community=world.community, pubkey=world.reader.pubkey)
+        await accepted(owner, message(world.owner, world.a, content="after"))
+        m = await next_for(reader, "r")
+        assert m[0] == "CLOSED" and m[2] == reason, m
+
+
+async def test_another_pubkeys_ban_delays_but_delivers(
+    world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _owner_and_reader(world, relay_factory) as (owner, reader):
+        await _live_req(reader, {"#h": [str(world.a)], "kinds": [9]})
+        await unsignalled(bans.ban_add, monkeypatch)(community=world.community, pubkey=Signer.generate().pubkey)
         sent = [await accepted(owner, message(world.owner, world.a, content=f"after {i}")) for i in range(3)]
         got = [(await next_for(reader, "r")) for _ in sent]
         assert [m[0] for m in got] == ["EVENT"] * 3 and [m[2]["id"] for m in got] == sent, got

@@ -18,8 +18,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from artifacts.models import Artifact, PolicyStamp, Revision
-from buzz.models import ApiToken, Ban, Channel, Community, Membership, RelayMember, StoredEvent, Timeout
+from artifacts.models import Artifact, Revision
+from buzz.models import ApiToken, Ban, Channel, Community, Membership, PolicyStamp, RelayMember, StoredEvent, Timeout
 from moderation import services
 from moderation.models import AuditRecord, RetentionPolicy
 from tests.moderation.admin_support import (

@@ -16,8 +16,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from artifacts.models import PolicyStamp
-from buzz.models import Channel, StoredEvent
+from buzz.models import Channel, PolicyStamp, StoredEvent
 from moderation import services
 from moderation.models import AuditAction, AuditRecord
 from tests.moderation.moderation_support import (

@@ -41,6 +41,7 @@ def unsignalled(change: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> 
     def run(**kwargs: Any) -> Any:
         with monkeypatch.context() as patch:
             patch.setattr(signals, "publish_on_commit", lambda *args, **kw: None)
+            patch.setattr(signals, "publish_standing_on_commit", lambda *args, **kw: None)
             return change(**kwargs)
 
     return sync_to_async(run)
