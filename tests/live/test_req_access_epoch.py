@@ -19,14 +19,17 @@ from typing import Any
 
 import pytest
 import redis
+from asgiref.sync import sync_to_async
 
 from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
-from buzz.access.policy import BANNED, NOT_ADMITTED
+from buzz.access.policy import BANNED, NOT_ADMITTED, TOKEN_INVALID
 from buzz.chat import bans, channels
-from buzz.identity import communities
+from buzz.identity import communities, tokens
 from buzz.live.hub import topic_for_channel
+from buzz.models import ApiToken
 from buzz.nostr import Signer
 from tests.artifacts.write_support import accepted, message
+from tests.support.factories import make_token
 from tests.support.faults import next_for, unsignalled
 from tests.support.wsclient import RelayClient
 from tests.sync.support import RELAY_ENV, World, make_world, revision
@@ -156,6 +159,28 @@ async def test_an_event_stored_after_an_unsignalled_standing_change_is_not_deliv
         await accepted(owner, message(world.owner, world.a, content="after"))
         m = await next_for(reader, "r")
         assert m[0] == "CLOSED" and m[2] == reason, m
+
+
+async def test_an_event_stored_after_an_unsignalled_token_revocation_is_not_delivered(
+    world: World, relay_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader's connection holds a bearer token; its revocation is the community-wide change here."""
+    token = await sync_to_async(make_token)(world.community, world.reader)
+    token_id = (await ApiToken.objects.aget(token_hash=tokens.hash_token(token))).pk
+    relay = relay_factory(**RELAY_ENV)
+    async with (
+        RelayClient.connect(relay.ws_url, host=HOST) as owner,
+        RelayClient.connect(relay.ws_url, host=HOST, authorization=f"Bearer {token}") as reader,
+    ):
+        assert (await owner.auth(world.owner))[2] is True
+        await _live_req(reader, {"#h": [str(world.a)], "kinds": [9]})
+        before = await accepted(owner, message(world.owner, world.a, content="before"))
+        m = await next_for(reader, "r")
+        assert m[0] == "EVENT" and m[2]["id"] == before, m
+        await unsignalled(tokens.token_revoke, monkeypatch)(token_id=token_id)
+        await accepted(owner, message(world.owner, world.a, content="after"))
+        m = await next_for(reader, "r")
+        assert m[0] == "CLOSED" and m[2] == TOKEN_INVALID, m
 
 
 async def test_another_pubkeys_ban_delays_but_delivers(
