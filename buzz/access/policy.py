@@ -390,6 +390,8 @@ async def check_manage(
 
 
 async def check_read(actor: Actor, channel: uuid.UUID, *, conn: AsyncConnection[Any] | None = None) -> Decision:
+    """Read permission on `channel`, now; the decision carries the facts it was made on (Decision.access, with
+    the epoch they were read at)."""
     access = await load_access(actor, channel, conn=conn)
     return decide_read(actor, channel, access)
 

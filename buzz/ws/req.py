@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from buzz.access.policy import Denied, channel_epochs, check_reader, decide_read, load_access
+from buzz.access.policy import Denied, channel_epochs, check_read, check_reader
 from buzz.chat.channels import STATE_KINDS
 from buzz.events.query import ReadsBusy, query_events
 from buzz.live import signals
@@ -375,12 +375,10 @@ class ReqSubscription:
             if channel is None:
                 decision = await check_reader(actor)
             else:
-                # check_read's two steps, for the epoch its facts were read at.
-                channel_id = uuid.UUID(channel)
-                access = await load_access(actor, channel_id)
-                decision = decide_read(actor, channel_id, access)
-                if decision.ok:
-                    self._epochs[channel] = max(self._epochs.get(channel, -1), access.epoch)
+                decision = await check_read(actor, uuid.UUID(channel))
+                if decision.ok and decision.access is not None:
+                    # The epoch of the facts this decision was made on.
+                    self._epochs[channel] = max(self._epochs.get(channel, -1), decision.access.epoch)
                     self._decided_through[channel] = max(self._decided_through.get(channel, 0), through)
         except Exception:
             log.exception("access re-check failed")
