@@ -324,7 +324,8 @@ def parser() -> argparse.ArgumentParser:
         "ensure",
         help="make 'this record exists with this content' true (create, restore or update)",
         description="The NIP-AR ensure flow with a derived d: create; on conflict read the head and restore"
-        " a deletion, accept an identical head, or update a different one. Prints"
+        " a deletion, accept a head that already holds this title, these content fields and tags, or update a"
+        " different one, keeping its other content fields and tags (ensure sets, never removes). Prints"
         " '<outcome> <d> <head id>', outcome one of created, duplicate, restored, unchanged, updated,"
         " conflict (exit status 3).",
     )

@@ -7,10 +7,16 @@
 2. On conflict, read the head (the head view, deletions included; in the channel first, by #h, so
    that an unlisted open channel the key writes in without joining it is read too):
    - a deletion: send restore with prev set to it (restored);
-   - live with the same title, content and client tags: unchanged;
+   - live, and already holding the title, the content fields and the client tags asked for: unchanged;
    - otherwise: send update with prev set to it (updated), or report the conflict
      when the caller asks for that (on_differs="report").
 3. On a further conflict, repeat step 2, up to `attempts` times; then report conflict.
+
+An update keeps what the caller does not set ("Client behavior": editors preserve unfamiliar fields and
+annotation tags, or decline the edit): the head's content fields that the caller's content object lacks,
+and its client tags whose names the caller's tags lack. So ensure sets fields and tags; it never removes
+one. When the head's content is not a JSON object it can merge into (and is not empty or already the
+caller's), ensure declines with a conflict.
 
 A head that lives in another channel (the artifact was moved) or has another type is
 reported as a conflict: ensure never moves an artifact back or edits a foreign record.
@@ -19,6 +25,7 @@ A conflict is an OK whose message starts with "conflict:".
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -62,6 +69,10 @@ class Writer(Protocol):
     ) -> dict[str, Event]: ...
 
 
+# An update would drop content this client can't keep (its fields are not a JSON object's).
+_UNMERGEABLE = "conflict: the artifact's content is not a JSON object whose fields an update can keep"
+
+
 class EnsureRejected(RelayError):
     """A write was refused for another reason than a conflict (invalid:, restricted:, rate-limited: ...)."""
 
@@ -79,11 +90,42 @@ async def _read_head(relay: Writer, d: str, channel: str) -> Event | None:
     return head
 
 
-def _same(head: Event, title: str, content: str, tags: Sequence[Sequence[str]]) -> bool:
-    def norm(ts: Sequence[Sequence[str]]) -> list[list[str]]:
-        return sorted(list(t) for t in ts)
+def _object(text: str) -> dict[str, Any] | None:
+    """`text` as a JSON object, or None (not JSON, or JSON of another shape)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
-    return head.first("title") == title and head.content == content and norm(client_tags(head)) == norm(tags)
+
+@dataclass(frozen=True, slots=True)
+class _Edit:
+    """What an update of the head to the caller's content and tags sends, with what the caller does not set
+    kept; `same`: the head holds all of it already."""
+
+    content: str
+    tags: list[list[str]]
+    same: bool
+
+
+def _edit_of(head: Event, title: str, content: str, tags: Sequence[Sequence[str]]) -> _Edit | None:
+    """The update of `head` that keeps its unfamiliar content fields and annotation tags; None when its content
+    has fields that can't be kept (it is not a JSON object, or the caller's content is not one)."""
+    current = _object(head.content)
+    wanted = _object(content)
+    if head.content == content or not head.content:
+        text = content
+    elif current is not None and wanted is not None:
+        text = content_text({**current, **wanted})
+    else:
+        return None
+    named = {t[0] for t in tags}
+    kept = [t for t in client_tags(head) if t[0] not in named]
+    merged = [*kept, *(list(t) for t in tags)]
+    same_content = text == head.content or (current is not None and _object(text) == current)
+    same = head.first("title") == title and same_content and sorted(merged) == sorted(client_tags(head))
+    return _Edit(text, merged, same)
 
 
 async def ensure(
@@ -134,14 +176,17 @@ async def ensure(
             where = f"type {env.type}" if env.type != type else f"channel {env.h}"
             return EnsureResult(Outcome.CONFLICT, d, head.id, f"conflict: the artifact has {where}", attempt)
         if env.deleted:
+            # A deletion has no content or client tags: nothing to keep.
             event = next_revision(signer, head, "restore", title=title, content=text, tags=extra)
             outcome = Outcome.RESTORED
-        elif _same(head, title, text, extra):
+        elif (edit := _edit_of(head, title, text, extra)) is None:
+            return EnsureResult(Outcome.CONFLICT, d, head.id, _UNMERGEABLE, attempt)
+        elif edit.same:
             return EnsureResult(Outcome.UNCHANGED, d, head.id, "", attempt)
         elif on_differs == "report":
             return EnsureResult(Outcome.CONFLICT, d, head.id, "conflict: the artifact has other content", attempt)
         else:
-            event = next_revision(signer, head, "update", title=title, content=text, tags=extra)
+            event = next_revision(signer, head, "update", title=title, content=edit.content, tags=edit.tags)
             outcome = Outcome.UPDATED
         ok = await send(event)
         if ok.accepted:

@@ -189,7 +189,8 @@ async def test_ensure_and_head_against_a_relay(relay_factory: Any, tmp_path: Pat
     assert out == f'{d} {new_head} buzz.config "Theme" update {world.channel}\n'
     code, out, _ = await cli("head", *common, "--d", d, "--json")
     event = json.loads(out)
-    assert (event["id"], event["content"], ["scope", "ui"] in event["tags"]) == (new_head, '{"a":2}', False)
+    # The update sets "a" and keeps what it does not set: the field "b" and the tag scope=ui.
+    assert (event["id"], event["content"], ["scope", "ui"] in event["tags"]) == (new_head, '{"a":2,"b":1}', True)
     missing = derive_d(world.channel, "buzz.config", "nothing")
     code, out, err = await cli("head", *common, "--d", d, "--d", missing)
     assert code == 1 and out.startswith(f"{d} {new_head} ")

@@ -3,7 +3,8 @@
 * 20 concurrent callers ensure the same record (same channel, type and key; two keys, each
   caller on its own connection): exactly one reports created, the others duplicate or
   unchanged, and the relay stored exactly one revision.
-* After a deletion, ensure restores; on changed content, title or tags it updates;
+* After a deletion, ensure restores; on changed content, title or tags it updates, keeping the
+  content fields and annotation tags it does not set (another key's), or declines when it can't;
   with on_differs="report" it reports the conflict instead; a head in another channel or
   of another type is a conflict; a refusal that is not a conflict raises EnsureRejected.
 * The retry limit: a relay whose head keeps moving makes ensure give up after `attempts`
@@ -109,6 +110,41 @@ async def test_restore_after_deletion_and_update_on_change(
         assert head.id == retagged.head_id and json.loads(head.content) == {"days": 90}
         assert (head.first("title"), head.first("scope")) == ("Chat retention", "all")
     assert await stored_ops(created.d) == ["create", "delete", "restore", "update", "update", "update"]
+
+
+async def test_an_update_keeps_what_ensure_does_not_set(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
+    """NIP-AR "Client behavior": an editor keeps unfamiliar content fields and annotation tags, or declines. B
+    annotates A's record (a tag and a content field ensure knows nothing of); A's ensure then finds nothing to
+    change, and a change of its own keeps B's additions."""
+    world = await world_for(relay_factory, tmp_path)
+    base: dict[str, Any] = {"channel": world.channel, "type": TYPE, "key": "theme", "title": "Theme"}
+    async with Relay.connect(world.url, world.a) as a, Relay.connect(world.url, world.b) as b:
+        created = await ensure(a, **base, content={"version": 1, "theme": "dark"}, tags=[["scope", "ui"]])
+        head = (await b.head([created.d]))[created.d]
+        annotated = next_revision(
+            world.b,
+            head,
+            "update",
+            content={"version": 1, "theme": "dark", "note": "from b"},
+            tags=[["scope", "ui"], ["pinned", "1"]],
+        )
+        assert (await b.publish(annotated)).accepted
+        same = await ensure(a, **base, content={"version": 1, "theme": "dark"}, tags=[["scope", "ui"]])
+        assert (same.outcome, same.head_id) == (Outcome.UNCHANGED, annotated.id)
+        changed = await ensure(a, **base, content={"version": 1, "theme": "light"}, tags=[["scope", "all"]])
+        assert changed.outcome is Outcome.UPDATED
+        head = (await a.head([created.d]))[created.d]
+        assert head.id == changed.head_id
+        assert json.loads(head.content) == {"version": 1, "theme": "light", "note": "from b"}
+        assert sorted(list(t) for t in head.tags if t[0] in ("scope", "pinned")) == [["pinned", "1"], ["scope", "all"]]
+
+        # Content that is not a JSON object has no fields to keep: ensure declines rather than drop it.
+        opaque = next_revision(world.b, head, "update", content="plain text from b")
+        assert (await b.publish(opaque)).accepted
+        declined = await ensure(a, **base, content={"version": 1, "theme": "dark"})
+        assert (declined.outcome, declined.head_id) == (Outcome.CONFLICT, opaque.id)
+        assert declined.message.startswith("conflict: the artifact's content is not a JSON object")
+    assert await stored_ops(created.d) == ["create", "update", "update", "update"]
 
 
 async def test_conflicts_are_reported_and_refusals_raised(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
