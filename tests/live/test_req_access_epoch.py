@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -132,6 +132,22 @@ async def test_an_epoch_advanced_by_another_readers_change_delays_but_delivers(
         assert [m[0] for m in got] == ["EVENT"] * 3 and [m[2]["id"] for m in got] == sent, got
 
 
+async def _closed_not_delivered(
+    world: World, owner: RelayClient, reader: RelayClient, flt: dict[str, Any], change: Callable[[], Awaitable[Any]]
+) -> str:
+    """The reader's live REQ gets a message stored in a before `change`; after it, the owner stores another, and
+    the next thing for the REQ is its CLOSED, not that event. Returns the CLOSED's reason."""
+    await _live_req(reader, flt)
+    before = await accepted(owner, message(world.owner, world.a, content="before"))
+    m = await next_for(reader, "r")
+    assert m[0] == "EVENT" and m[2]["id"] == before, m
+    await change()
+    await accepted(owner, message(world.owner, world.a, content="after"))
+    m = await next_for(reader, "r")
+    assert m[0] == "CLOSED", m
+    return str(m[2])
+
+
 # Changes of a pubkey's standing in the whole community (not of one channel's members), each with the reason a
 # reader who loses its standing is given.
 _STANDING: dict[str, tuple[Any, str]] = {
@@ -151,14 +167,11 @@ async def test_an_event_stored_after_an_unsignalled_standing_change_is_not_deliv
     service, reason = _STANDING[change]
     flt = {**flt, "#h": [str(world.a)]} if "#h" in flt else flt
     async with _owner_and_reader(world, relay_factory) as (owner, reader):
-        await _live_req(reader, flt)
-        before = await accepted(owner, message(world.owner, world.a, content="before"))
-        m = await next_for(reader, "r")
-        assert m[0] == "EVENT" and m[2]["id"] == before, m
-        await unsignalled(service, monkeypatch)(community=world.community, pubkey=world.reader.pubkey)
-        await accepted(owner, message(world.owner, world.a, content="after"))
-        m = await next_for(reader, "r")
-        assert m[0] == "CLOSED" and m[2] == reason, m
+        change_standing = unsignalled(service, monkeypatch)
+        closed = await _closed_not_delivered(
+            world, owner, reader, flt, lambda: change_standing(community=world.community, pubkey=world.reader.pubkey)
+        )
+    assert closed == reason
 
 
 async def test_an_event_stored_after_an_unsignalled_token_revocation_is_not_delivered(
@@ -173,14 +186,10 @@ async def test_an_event_stored_after_an_unsignalled_token_revocation_is_not_deli
         RelayClient.connect(relay.ws_url, host=HOST, authorization=f"Bearer {token}") as reader,
     ):
         assert (await owner.auth(world.owner))[2] is True
-        await _live_req(reader, {"#h": [str(world.a)], "kinds": [9]})
-        before = await accepted(owner, message(world.owner, world.a, content="before"))
-        m = await next_for(reader, "r")
-        assert m[0] == "EVENT" and m[2]["id"] == before, m
-        await unsignalled(tokens.token_revoke, monkeypatch)(token_id=token_id)
-        await accepted(owner, message(world.owner, world.a, content="after"))
-        m = await next_for(reader, "r")
-        assert m[0] == "CLOSED" and m[2] == TOKEN_INVALID, m
+        revoke = unsignalled(tokens.token_revoke, monkeypatch)
+        flt = {"#h": [str(world.a)], "kinds": [9]}
+        closed = await _closed_not_delivered(world, owner, reader, flt, lambda: revoke(token_id=token_id))
+    assert closed == TOKEN_INVALID
 
 
 async def test_another_pubkeys_ban_delays_but_delivers(
