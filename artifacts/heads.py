@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from artifacts.envelope import AUTH_TAG
+from buzz.access.policy import policy_stamp_sql
 from buzz.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -28,15 +29,15 @@ log = logging.getLogger(__name__)
 BATCH_MAX = 500
 
 # With each head, the access epoch of its channel (Channel.access_epoch) and the community's policy stamp
-# (artifacts.incremental): read in the same statement, so a sync that knew other values checks its reader's
-# access before it sends the head (a change whose signal has not reached it yet).
-_HEADS = """
+# (buzz.access.policy.policy_stamp_sql): read in the same statement, so a sync that knew other values checks its
+# reader's access before it sends the head (a change whose signal has not reached it yet).
+_HEADS = f"""
 SELECT a.d, a.home, a.deleted, a.retired, r.id, r.seq, r.raw, c.access_epoch,
-       (SELECT s.stamp FROM buzz_policystamp s WHERE s.community_id = a.community_id)
+       {policy_stamp_sql("a.community_id")}
 FROM artifacts_artifact a JOIN artifacts_revision r ON r.community_id = a.community_id AND r.id = a.head_id
 LEFT JOIN buzz_channel c ON c.community_id = a.community_id AND c.uuid = a.home
 WHERE a.community_id = %s AND a.d = ANY(%s::uuid[])
-"""
+"""  # noqa: S608 - composed from code, values are placeholders
 
 
 @dataclass(frozen=True, slots=True)

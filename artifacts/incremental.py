@@ -57,6 +57,7 @@ from buzz.access.policy import (
     access_of,
     access_statement,
     decide_read,
+    policy_stamp_sql,
     reader_standing_of,
     reader_standing_statement,
     wide_scope_of,
@@ -584,8 +585,8 @@ _BUDGET_SQL: Final = "SELECT set_config('statement_timeout', %s, true)"
 # statement sent in the same round trip reads it as its start (_HEAD_CLOCK_SQL): the same instant as the
 # clock returned here (a timestamptz's text reads back exactly in the same session).
 _HEAD_SQL: Final = (
-    "SELECT set_config('plan_cache_mode', %s, true), c.t,"
-    " (SELECT stamp FROM buzz_policystamp WHERE community_id = %s),"
+    "SELECT set_config('plan_cache_mode', %s, true), c.t,"  # noqa: S608 - composed from code
+    f" {policy_stamp_sql('%s')},"
     " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL),"
     " set_config('buzz.pass_start', c.t::text, true) FROM (SELECT clock_timestamp() AS t) AS c"
 )

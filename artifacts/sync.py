@@ -48,7 +48,7 @@ from artifacts.envelope import KIND_ARTIFACT, KIND_REMOVAL
 from artifacts.heads import Head, HeadReader, head_reader
 from artifacts.query import ArtifactQuery, QueryError, matches, parse_sync_filter
 from artifacts.selectors import HEAD_JOIN, current_where
-from buzz.access.policy import NOT_A_MEMBER, Denied, check_read, reader_scope
+from buzz.access.policy import NOT_A_MEMBER, Denied, check_read, policy_stamp_sql, reader_scope
 from buzz.identity.actor import Actor
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
@@ -351,7 +351,7 @@ class SyncSubscription:
         """(access epoch, policy stamp) of each channel #h names, now (on `conn`: in its snapshot)."""
         community = self.host.community.id
         sql = (
-            "SELECT c.uuid, c.access_epoch, (SELECT stamp FROM buzz_policystamp WHERE community_id = %s)"
+            f"SELECT c.uuid, c.access_epoch, {policy_stamp_sql('%s')}"  # noqa: S608 - composed from code
             " FROM buzz_channel c WHERE c.community_id = %s AND c.uuid = ANY(%s)"
         )
         rows = await fetch_all(sql, (community, community, sorted(self._named)), conn=conn)

@@ -115,15 +115,15 @@ def _edit_of(head: Event, title: str, content: str, tags: Sequence[Sequence[str]
     current = _object(head.content)
     wanted = _object(content)
     if head.content == content or not head.content:
-        text = content
+        text, same_content = content, head.content == content
     elif current is not None and wanted is not None:
-        text = content_text({**current, **wanted})
+        fields = {**current, **wanted}
+        text, same_content = content_text(fields), fields == current
     else:
         return None
     named = {t[0] for t in tags}
     kept = [t for t in client_tags(head) if t[0] not in named]
     merged = [*kept, *(list(t) for t in tags)]
-    same_content = text == head.content or (current is not None and _object(text) == current)
     same = head.first("title") == title and same_content and sorted(merged) == sorted(client_tags(head))
     return _Edit(text, merged, same)
 

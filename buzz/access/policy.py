@@ -116,6 +116,13 @@ class Decision:
         return cls(False, reason, access)
 
 
+def policy_stamp_sql(community: str) -> str:
+    """The community's policy stamp (buzz.models.PolicyStamp; 0 before its first access change) as an SQL
+    expression, `community` an SQL expression of its id: what incremental tokens bind, what a sync compares,
+    and half of every channel's effective access epoch (ChannelAccess.epoch)."""
+    return f"coalesce((SELECT stamp FROM buzz_policystamp WHERE community_id = {community}), 0)"  # noqa: S608
+
+
 def admitted_sql(community: str, pubkey: str) -> str:
     """Relay admission as an SQL condition on the community's row as it is now (not a copy of its mode taken
     when a connection authenticated): an open community admits every pubkey, a members-only one its relay
@@ -149,7 +156,7 @@ def access_facts_sql(channels: str = "%(acc_channels)s::uuid[]") -> str:
           AND t.until > now()) AS timeout_until,
   c.id AS channel_pk, c.visibility, c.type AS ctype, c.archived IS NOT NULL AS archived,
   c.deleted IS NOT NULL AS deleted, m.role,
-  c.epoch + coalesce((SELECT stamp FROM buzz_policystamp WHERE community_id = %(acc_community)s), 0) AS epoch,
+  c.epoch + {policy_stamp_sql("%(acc_community)s")} AS epoch,
   (%(acc_token)s::bigint IS NULL OR EXISTS (SELECT FROM buzz_apitoken WHERE id = %(acc_token)s
           AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()))) AS token_ok,
   {admitted_sql("%(acc_community)s", "%(acc_pubkey)s")} AS admitted
@@ -275,7 +282,7 @@ def access_of(rows: Sequence[Sequence[Any]]) -> dict[uuid.UUID, ChannelAccess]:
 
 # The effective access epoch (ChannelAccess.epoch) of channels of one community: params (community, channels).
 EPOCHS_SQL: Final = (
-    "SELECT uuid, access_epoch + coalesce((SELECT stamp FROM buzz_policystamp WHERE community_id = c.community_id), 0)"
+    f"SELECT uuid, access_epoch + {policy_stamp_sql('c.community_id')}"  # noqa: S608 - composed from code
     " FROM buzz_channel c WHERE community_id = %s AND uuid = ANY(%s)"
 )
 
