@@ -46,7 +46,8 @@ class Artifact(models.Model):
     d = models.UUIDField()
     type = models.CharField(max_length=128)
     # The current head (its event id) and the facts about it that reads filter on. The head is the
-    # revision (community, head_id): a composite foreign key made in migration 0004, because Django's can't.
+    # revision (community, head_id), written by the same statement (artifacts.services) and never deleted:
+    # no foreign key checks it at every commit (migration 0011 dropped the one migration 0004 made).
     head_id = models.CharField(max_length=64, null=True)
     home = models.UUIDField(help_text="h of the current head")
     root = models.CharField(max_length=64, null=True, blank=True)
@@ -63,17 +64,18 @@ class Artifact(models.Model):
     objects = ArtifactQuerySet.as_manager()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["community", "d"], name="artifact_identity")]
+        # Led by d, not the community: the write path's exact lookup by d compares the community without
+        # searching on it, so this is the one index it can use, whatever the statistics say
+        # (tests/chat/test_hot_plans.py), and no second index on d costs every write (migration 0011).
+        constraints = [models.UniqueConstraint(fields=["d", "community"], name="artifact_identity")]
         indexes = [
             models.Index(fields=["community", "home", "d"], name="artifact_home"),
             # Incremental reads page head changes by (changed_at, d) (artifacts.incremental): the community's,
             models.Index(fields=["community", "changed_at", "d"], name="artifact_change_order"),
             # and a channel's, merged over a few channels on initial pages.
             models.Index(fields=["community", "home", "changed_at", "d"], name="artifact_home_changes"),
-            # Finds the artifact a revision heads (redaction), and backs the head's composite foreign key.
+            # Finds the artifact a revision heads (redaction, the head view).
             models.Index(fields=["community", "head_id"], name="artifact_head"),
-            # The exact lookup by d on the write path (tests/chat/test_hot_plans.py).
-            models.Index(fields=["d"], name="artifact_d_lookup"),
         ]
 
     def __str__(self) -> str:
@@ -90,10 +92,14 @@ class Revision(models.Model):
     # Relay acceptance order (the database sequence artifacts_accept_seq, shared with move removals).
     seq = models.BigIntegerField(primary_key=True)
     id = models.CharField(max_length=64)
-    # Neither key has an index of its own: revision_identity leads with the community, revision_history
-    # with the artifact (an index less for every revision written).
+    # Neither key has an index of its own: revision_channel leads with the community, revision_history
+    # with the artifact (an index less for every revision written). The artifact is the row the same
+    # statement inserted or advanced, and an artifact is deleted only with its community (whose foreign
+    # key stays, so a write racing the community's deletion fails): no constraint re-checks it at commit.
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="revisions", db_index=False)
-    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="revisions", db_index=False)
+    artifact = models.ForeignKey(
+        Artifact, on_delete=models.CASCADE, related_name="revisions", db_index=False, db_constraint=False
+    )
     op = models.CharField(max_length=8)
     channel = models.UUIDField(help_text="h: the channel this revision was published in (its read scope)")
     prev = models.CharField(max_length=64, null=True, blank=True)
@@ -111,12 +117,11 @@ class Revision(models.Model):
     objects = RevisionQuerySet.as_manager()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["community", "id"], name="revision_identity")]
+        # Led by the id, for the write path's exact lookup (a resubmission): see artifact_identity.
+        constraints = [models.UniqueConstraint(fields=["id", "community"], name="revision_identity")]
         indexes = [
             models.Index(fields=["artifact", "seq"], name="revision_history"),
             models.Index(fields=["community", "channel", "seq"], name="revision_channel"),
-            # The exact lookup by revision id on the write path (a resubmission).
-            models.Index(fields=["id"], name="revision_id_lookup"),
             # Retention finds the revisions it may still expire, oldest first.
             models.Index(
                 fields=["community", "accepted_at"],
@@ -135,7 +140,9 @@ class Revision(models.Model):
 class CurrentTag(models.Model):
     """(tag name, first value) of the current head only; replaced on every accepted revision."""
 
-    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="current_tags")
+    # Written with the head change that makes them current (artifacts.services), by the artifact's key
+    # that statement holds: no constraint re-checks the artifact for every tag at commit (see Revision).
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="current_tags", db_constraint=False)
     name = models.CharField(max_length=128)
     value = models.TextField()
 

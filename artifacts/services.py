@@ -138,7 +138,7 @@ async def already_accepted(actor: Actor, event: Event) -> bool:
 
 # Is %(root)s an existing, undeleted conversation anchor in %(h)s? (true when there is no root)
 # Every exact lookup of the write path compares the community (and the channel) without searching on
-# them: the one index it can use is the one led by the key (migrations buzz 0005, artifacts 0007), so a
+# them: the one index it can use is the unique key led by it (migrations buzz 0012, artifacts 0011), so a
 # generic plan made on empty or never-analyzed tables can't scan a channel (tests/chat/test_hot_plans.py).
 # The root's deletion and kind are judged on the row found, behind OFFSET 0 (PostgreSQL neither flattens
 # such a subquery nor pushes conditions into it): in the lookup itself they made the partial index on

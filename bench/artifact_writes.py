@@ -416,7 +416,7 @@ async def counted_phase(relay: Server, signers: list[Any], channel: str, cycles:
 
 # (table, pattern of pg_indexes.indexdef): a prefix of a composite index on the same table, or a LIKE copy.
 REDUNDANT = (
-    ("artifacts_artifact", r"USING btree \(community_id\)$"),  # prefix of artifact_identity (community_id, d)
+    ("artifacts_artifact", r"USING btree \(community_id\)$"),  # prefix of artifact_home (community_id, home, d)
     ("artifacts_artifact", r"varchar_pattern_ops"),  # Django's LIKE copy of the head_id FK index
     ("artifacts_revision", r"USING btree \(community_id\)$"),  # prefix of revision_channel
     ("artifacts_revision", r"USING btree \(artifact_id\)$"),  # prefix of revision_history (artifact_id, seq)

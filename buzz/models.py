@@ -140,7 +140,7 @@ class StoredEvent(models.Model):
 
     key = models.BigAutoField(primary_key=True)
     id = models.CharField(max_length=64, validators=[HEX64])
-    # No index of its own: every index of the table but two leads with the community.
+    # No index of its own: every index of the table but two (the key, stored_event_identity) leads with it.
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="events", db_index=False)
     pubkey = models.CharField(max_length=64)
     kind = models.IntegerField()
@@ -153,14 +153,14 @@ class StoredEvent(models.Model):
     objects = StoredEventQuerySet.as_manager()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["community", "id"], name="stored_event_identity")]
+        # Led by the id: the exact lookup by event id (a reply's root, an artifact's anchor) compares the
+        # community without searching on it, so this is the one index it can use, whatever the statistics
+        # say (tests/chat/test_hot_plans.py), and no second index on id costs every write (migration 0012).
+        constraints = [models.UniqueConstraint(fields=["id", "community"], name="stored_event_identity")]
         indexes = [
             models.Index(fields=["community", "kind", "-created_at"], name="event_kind_time"),
             models.Index(fields=["community", "channel_id", "-created_at"], name="event_channel_time"),
             models.Index(fields=["community", "pubkey", "-created_at"], name="event_author_time"),
-            # The exact lookup by event id (a reply's root, an artifact's anchor): the one index a lookup that
-            # compares the community without searching on it can use, whatever the statistics say.
-            models.Index(fields=["id"], name="event_id_lookup"),
         ]
 
     def __str__(self) -> str:
@@ -170,7 +170,12 @@ class StoredEvent(models.Model):
 class EventTag(models.Model):
     """Single-letter tag index for NIP-01 `#x` filters: tag name and its FIRST value, per stored copy."""
 
-    event = models.ForeignKey(StoredEvent, on_delete=models.CASCADE, related_name="tag_index", db_column="event_key")
+    # Inserted by the statement that stores the event (buzz.events.store), and deleted before it wherever
+    # events are deleted (discard_sync, community_delete): no constraint re-checks the event for every tag
+    # at commit (migration 0012).
+    event = models.ForeignKey(
+        StoredEvent, on_delete=models.CASCADE, related_name="tag_index", db_column="event_key", db_constraint=False
+    )
     name = models.CharField(max_length=1)
     # buzz.events.store refuses a longer value (or a NUL) before storage: INDEXED_VALUE_CHARS.
     value = models.CharField(max_length=4096)

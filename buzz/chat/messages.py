@@ -60,7 +60,8 @@ WITH facts AS (
   SELECT f.channel_pk FROM facts f WHERE {post_allowed_sql("f")}
 ), root AS (
   -- The root in the reply's own channel, looked up only when the message names one, by its id: the
-  -- community and the channel are compared, not searched on, so only event_id_lookup serves it.
+  -- community and the channel are compared, not searched on, so only stored_event_identity (id,
+  -- community) serves it.
   SELECT r.kind, r.deleted_at FROM buzz_storedevent r
   WHERE %(root)s::varchar IS NOT NULL AND r.id = %(root)s
     AND r.community_id IS NOT DISTINCT FROM %(community)s::bigint
