@@ -129,7 +129,10 @@ def admitted_sql(community: str, pubkey: str) -> str:
     members. An operator who closes a community is obeyed by every later check, and the connections' live
     subscriptions re-check on the community's standing signal (buzz.live.signals)."""
     # Unqualified names are the nearest FROM's: the member's pubkey and community, the community's own id.
-    member = f"SELECT FROM buzz_relaymember WHERE community_id = co.id AND pubkey = {pubkey}"
+    # OFFSET 0 keeps the lookup one probe of relay_member_unique per check: without it PostgreSQL may run
+    # the EXISTS as a hashed subplan, which reads every relay member of every community with that pubkey
+    # filter on each write (it did, on tables never analyzed: tests/chat/test_hot_plans.py).
+    member = f"SELECT FROM buzz_relaymember WHERE community_id = co.id AND pubkey = {pubkey} OFFSET 0"
     admits = f"admission = 'open' OR EXISTS ({member})"
     return f"EXISTS (SELECT FROM buzz_community co WHERE id = {community} AND ({admits}))"
 

@@ -73,6 +73,7 @@ HOT_TABLES = (
     "buzz_channel",
     "buzz_membership",
     "buzz_messagecounter",
+    "buzz_relaymember",
 )
 # Other channels of the community, the author a member of each: a plan that joined the community's
 # channels with the author's memberships before the channel asked about read them all, on every write.
@@ -131,6 +132,17 @@ def _fill(conn: psycopg.Connection[Any], community: int, channel: uuid.UUID, aut
         "artifacts": ROWS // 4,
         "others": OTHER_CHANNELS,
     }
+    # The community's relay members (the author), then as many more: admission to a members-only community
+    # is a lookup of one of them, which a hashed subplan made a read of them all.
+    conn.execute(
+        "INSERT INTO buzz_relaymember SELECT * FROM public.buzz_relaymember WHERE community_id = %(community)s", c
+    )
+    conn.execute(
+        "INSERT INTO buzz_relaymember (id, pubkey, community_id, role, created_at)"
+        " SELECT 1000000 + i, md5('m' || i) || md5('n' || i), %(community)s, 'member', now()"
+        " FROM generate_series(1, %(rows)s) AS i",
+        c,
+    )
     # The channel and its membership as the fixture made them (same ids), then the other channels.
     conn.execute("INSERT INTO buzz_channel SELECT * FROM public.buzz_channel WHERE uuid = %(channel)s", c)
     conn.execute(
