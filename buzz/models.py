@@ -149,6 +149,10 @@ class StoredEvent(models.Model):
     raw = models.TextField()
     received_at = models.DateTimeField(auto_now_add=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # The event has an h tag whose first value is `channel_id` as text (every kind-9 message, revision and
+    # group event does): the tag index holds no row for that h, and a `#h` filter matches it on this
+    # column and the channel's (buzz.events.store, buzz.events.query). Rows stored before it have their h row.
+    h_is_channel = models.BooleanField(default=False, db_default=False)
 
     objects = StoredEventQuerySet.as_manager()
 

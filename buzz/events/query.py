@@ -115,10 +115,20 @@ def _where(community_id: int, f: Filter, readable_channels: Sequence[uuid.UUID])
     for name, values in f.tags:
         if name == "h":
             # Every h-tagged stored event lives in the channel its h names (buzz.policy.channel_of), so the
-            # indexed channel column narrows the scan; the tag test below still decides the match.
+            # indexed channel column narrows the scan; the test below still decides the match.
             channels = [c for c in (parse_channel_id(v) for v in values) if c is not None]
             where.append(_any("e.channel_id", channels) if channels else "e.channel_id = ANY(%s)")
             args.append(_arg(channels) if channels else [])
+            # An event whose h names its own channel has no h row in the tag index (buzz.events.store):
+            # it matches when the channel's id, as its h tag spells it, is one of the values asked for.
+            # Other rows (stored before h_is_channel) are probed by key; OFFSET 0 keeps that probe per row,
+            # where PostgreSQL would otherwise hash every h row of the tag index for an EXISTS under OR.
+            where.append(
+                "((e.h_is_channel AND e.channel_id::text = ANY(%s)) OR EXISTS (SELECT 1 FROM buzz_eventtag t"
+                " WHERE t.event_key = e.key AND t.name = %s AND t.value = ANY(%s) OFFSET 0))"
+            )
+            args.extend([list(values), name, list(values)])
+            continue
         where.append(
             "EXISTS (SELECT 1 FROM buzz_eventtag t WHERE t.event_key = e.key AND t.name = %s AND t.value = ANY(%s))"
         )

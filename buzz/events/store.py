@@ -56,19 +56,23 @@ def event_json(event: Event) -> str:
     return event.to_json()
 
 
-def indexed_tags(event: Event) -> tuple[list[str], list[str]]:
-    """Single-letter tags with their first value: what a NIP-01 `#x` filter matches."""
+def indexed_tags(event: Event, channel: uuid.UUID | None = None) -> tuple[list[str], list[str], bool]:
+    """Single-letter tags with their first value: what a NIP-01 `#x` filter matches. The h tag naming
+    `channel` (its first value `str(channel)`, exactly) is left out, and the third value says so: the
+    stored row's channel column answers `#h` for it (h_is_channel), one tag row less for every message."""
     names: list[str] = []
     values: list[str] = []
     seen: set[tuple[str, str]] = set()
+    own_h = ("h", str(channel)) if channel is not None else None
     for tag in event.tags:
         if _indexed(tag):
             key = (tag[0], tag[1])
             if key not in seen:
                 seen.add(key)
-                names.append(tag[0])
-                values.append(tag[1])
-    return names, values
+                if key != own_h:
+                    names.append(tag[0])
+                    values.append(tag[1])
+    return names, values, own_h in seen
 
 
 def insert_ctes(name: str, key: str, *, source: str | None = None) -> str:
@@ -81,9 +85,11 @@ def insert_ctes(name: str, key: str, *, source: str | None = None) -> str:
     """
     origin = f" FROM {source}" if source else ""
     return f"""{name} AS (
-  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, raw, received_at)
+  INSERT INTO buzz_storedevent (id, community_id, pubkey, kind, created_at, channel_id, h_is_channel, raw,
+                                received_at)
   SELECT %({key}_id)s::varchar, %({key}_community)s::bigint, %({key}_pubkey)s::varchar, %({key}_kind)s::int,
-         %({key}_created_at)s::bigint, %({key}_channel)s::uuid, %({key}_raw)s::text, now(){origin}
+         %({key}_created_at)s::bigint, %({key}_channel)s::uuid, %({key}_h_is_channel)s::boolean,
+         %({key}_raw)s::text, now(){origin}
   WHERE %({key}_id)s::varchar IS NOT NULL
   ON CONFLICT {CONFLICT_TARGET} DO NOTHING RETURNING key, id
 ), {name}_tags AS (
@@ -94,7 +100,7 @@ def insert_ctes(name: str, key: str, *, source: str | None = None) -> str:
 
 def insert_params(key: str, *, community_id: int, event: Event | None, channel: uuid.UUID | None) -> dict[str, Any]:
     """The parameters of `insert_ctes(..., key)`; `event` None writes nothing."""
-    names, values = indexed_tags(event) if event is not None else ([], [])
+    names, values, h_is_channel = indexed_tags(event, channel) if event is not None else ([], [], False)
     return {
         f"{key}_id": event.id if event is not None else None,
         f"{key}_community": community_id,
@@ -102,6 +108,7 @@ def insert_params(key: str, *, community_id: int, event: Event | None, channel: 
         f"{key}_kind": event.kind if event is not None else None,
         f"{key}_created_at": event.created_at if event is not None else None,
         f"{key}_channel": channel,
+        f"{key}_h_is_channel": h_is_channel,
         f"{key}_raw": event_json(event) if event is not None else None,
         f"{key}_tag_names": TextArray(names),
         f"{key}_tag_values": TextArray(values),
