@@ -138,6 +138,20 @@ def refresh_state(channel: Channel) -> None:
 # --- services ------------------------------------------------------------------
 
 
+# The longest TTL a channel takes (ten years).
+MAX_TTL_SECONDS = 10 * 365 * 86400
+
+
+def parse_ttl(value: str) -> int | None:
+    """A `ttl` tag's value: seconds, or None for a permanent channel ("" or "0", as the channel's
+    metadata shows no ttl then). Raises ChannelError for anything else, or more than MAX_TTL_SECONDS."""
+    if value in ("", "0"):
+        return None
+    if value.isascii() and value.isdigit() and int(value) <= MAX_TTL_SECONDS:
+        return int(value)
+    raise ChannelError("invalid: ttl must be a number of seconds")
+
+
 def channel_create(
     *,
     community: Community,
@@ -180,7 +194,8 @@ def channel_create(
             visibility=visibility,
             listed=listed,
             type=channel_type,
-            ttl_seconds=ttl_seconds,
+            # 0 is no TTL, as everywhere (parse_ttl): stored as NULL, which is what every TTL test reads.
+            ttl_seconds=ttl_seconds or None,
             deadline=now + dt.timedelta(seconds=ttl_seconds) if ttl_seconds else None,
             created_by=creator,
         )
@@ -375,14 +390,10 @@ def channel_edit(
                 channel.listed = value == "true"
             elif key == "ttl":
                 was_ttl = bool(channel.ttl_seconds)
-                if value in ("", "0"):
-                    channel.ttl_seconds = None
-                    channel.deadline = None
-                elif value.isdigit() and int(value) <= 10 * 365 * 86400:
-                    channel.ttl_seconds = int(value)
-                    channel.deadline = timezone.now() + dt.timedelta(seconds=int(value))
-                else:
-                    raise ChannelError("invalid: ttl must be a number of seconds")
+                channel.ttl_seconds = parse_ttl(value)
+                channel.deadline = (
+                    timezone.now() + dt.timedelta(seconds=channel.ttl_seconds) if channel.ttl_seconds else None
+                )
                 scope_changed = scope_changed or was_ttl != bool(channel.ttl_seconds)
         if access_changed_now:
             channel.access_changed_at = ClockTimestamp()  # the database's clock, as every access change

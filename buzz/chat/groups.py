@@ -70,8 +70,6 @@ def _create_group(actor: Actor, event: Event, channel: uuid.UUID) -> None:
     if visibility is None:
         visibility = "private" if event.first_tag("private") is not None else "open"
     ttl = _single(event, "ttl")
-    if ttl is not None and not ttl.isdigit():
-        raise ChannelError("invalid: ttl must be a number of seconds")
     channel_services.channel_create(
         community=_community(actor),
         channel_uuid=channel,
@@ -81,7 +79,7 @@ def _create_group(actor: Actor, event: Event, channel: uuid.UUID) -> None:
         channel_type=ctype,
         about=_single(event, "about") or "",
         listed=event.first_tag("unlisted") is None,
-        ttl_seconds=int(ttl) if ttl else None,
+        ttl_seconds=channel_services.parse_ttl(ttl) if ttl is not None else None,
         participants=[p for p in event.tag_values("p") if _HEX64.match(p)],
         request=event,
     )

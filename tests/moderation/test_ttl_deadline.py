@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.moderation.moderation_support import RELAY_ENV, World, make_world
-from tests.support.factories import message, revision
+from tests.support.factories import message, revision, signed
 from tests.support.wire import accept, logged_in, publish
 
 HOST = "ttl-deadline.test"
@@ -84,3 +84,38 @@ async def test_a_refused_write_moves_nothing(world: World, relay_factory: Any) -
             assert ok[2] is False and ok[3].startswith("conflict:"), ok
 
         assert not await _pushed_by(world, conflict)
+
+
+def _channel_ttl(channel: uuid.UUID) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT ttl_seconds, deadline, archived_at FROM buzz_channel WHERE uuid = %s", [channel])
+        return [tuple(r) for r in cur.fetchall()]
+
+
+def _reap() -> None:
+    from moderation.services import reap_ttl
+
+    reap_ttl(now=timezone.now() + dt.timedelta(days=1), actor="ops", reason="test")
+
+
+async def test_a_ttl_of_zero_makes_a_permanent_channel_and_a_bad_ttl_makes_none(
+    world: World, relay_factory: Any
+) -> None:
+    """A 9007 with ["ttl", "0"] creates a channel its metadata calls permanent (no ttl tag), and it is:
+    no TTL, no deadline after a write, and the reaper leaves it. A ttl that is not a number of seconds
+    within ten years, or not ASCII digits, is refused and creates nothing."""
+    relay = relay_factory(**RELAY_ENV)
+    permanent = uuid.uuid4()
+    async with logged_in(relay, world.author, host=HOST) as a:
+        ok = await publish(a, signed(world.author, 9007, [["h", str(permanent)], ["name", "z"], ["ttl", "0"]]))
+        assert ok[2] is True, ok
+        await accept(a, message(world.author, permanent))
+        await accept(a, revision(world.author, d=str(uuid.uuid4()), h=str(permanent)))
+        for bad in ("99999999999", "²", "-5", "1e3"):
+            channel = uuid.uuid4()
+            ok = await publish(a, signed(world.author, 9007, [["h", str(channel)], ["name", "y"], ["ttl", bad]]))
+            assert ok[2:] == [False, "invalid: ttl must be a number of seconds"], (bad, ok)
+            assert await sync_to_async(_channel_ttl, thread_sensitive=False)(channel) == [], bad
+    assert await sync_to_async(_channel_ttl, thread_sensitive=False)(permanent) == [(None, None, None)]
+    await sync_to_async(_reap, thread_sensitive=False)()
+    assert await sync_to_async(_channel_ttl, thread_sensitive=False)(permanent) == [(None, None, None)]
