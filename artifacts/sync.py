@@ -55,7 +55,7 @@ from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
 from buzz.live.hub import Subscription as LiveSubscription
 from buzz.runtime import fetch_all, runtime
 from buzz.ws.host import Subscription, SubscriptionHost
-from buzz.ws.outbound import QueueFull
+from buzz.ws.outbound import QueueFull, utf8_size
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ class _Overflow(Exception):
 
 
 class _ByteBuffer:
-    """The bounded buffer between the snapshot and the send queue (rule 2), bounded in bytes and count."""
+    """The bounded buffer between the snapshot and the send queue (rule 2), bounded in bytes (UTF-8, as the
+    frames are sent: a stored event keeps its non-ASCII text as it is) and count."""
 
     def __init__(self, max_bytes: int, max_items: int) -> None:
         self._items: collections.deque[str | None] = collections.deque()
@@ -93,7 +94,7 @@ class _ByteBuffer:
         self.draining = False
 
     async def put(self, text: str) -> None:
-        size = len(text)
+        size = utf8_size(text)
         while self._items and (self._bytes + size > self._max_bytes or len(self._items) >= self._max_items):
             self._room.clear()
             await self._room.wait()
@@ -116,7 +117,7 @@ class _ByteBuffer:
             await self._ready.wait()
         text = self._items.popleft()
         if text is not None:
-            self._bytes -= len(text)
+            self._bytes -= utf8_size(text)
         self._room.set()
         return text
 

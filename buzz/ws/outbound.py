@@ -40,7 +40,8 @@ class QueueFull(Exception):
     """The queue is at its bound; nothing was queued."""
 
 
-def _size(text: str) -> int:
+def utf8_size(text: str) -> int:
+    """The bytes `text` takes on the wire (UTF-8), without encoding an ASCII text."""
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
@@ -90,14 +91,14 @@ class Outbound:
         for a `notice`)."""
         if self._closed:
             raise QueueFull("connection closing")
-        size = _size(text)
+        size = utf8_size(text)
         if not (self._fits(size) or (notice and self._notice_fits(size))):
             raise QueueFull("outbound queue full")
         self._push(text, size, notice)
 
     async def put(self, text: str, *, timeout: float) -> None:
         """Queue text, waiting up to timeout for room; raise QueueFull when there is none."""
-        size = _size(text)
+        size = utf8_size(text)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
