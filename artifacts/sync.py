@@ -83,7 +83,8 @@ class _ByteBuffer:
     frames are sent: a stored event keeps its non-ASCII text as it is) and count."""
 
     def __init__(self, max_bytes: int, max_items: int) -> None:
-        self._items: collections.deque[str | None] = collections.deque()
+        # Each frame with its size, measured once when it is put (None ends the snapshot).
+        self._items: collections.deque[tuple[str, int] | None] = collections.deque()
         self._bytes = 0
         self._max_bytes = max_bytes
         self._max_items = max_items
@@ -98,7 +99,7 @@ class _ByteBuffer:
         while self._items and (self._bytes + size > self._max_bytes or len(self._items) >= self._max_items):
             self._room.clear()
             await self._room.wait()
-        self._items.append(text)
+        self._items.append((text, size))
         self._bytes += size
         self._ready.set()
 
@@ -115,10 +116,12 @@ class _ByteBuffer:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
-        text = self._items.popleft()
-        if text is not None:
-            self._bytes -= utf8_size(text)
+        item = self._items.popleft()
         self._room.set()
+        if item is None:
+            return None
+        text, size = item
+        self._bytes -= size
         return text
 
 
