@@ -576,16 +576,13 @@ class Snapshot:
     finished: bool = False  # committed by `finish`
 
 
-# A transaction's first statement after BEGIN: its statement budget (set_config(..., true) is SET LOCAL, so
-# it bounds every later statement).
-_BUDGET_SQL: Final = "SELECT set_config('statement_timeout', %s, true)"
-# The pass's head, after the token's lookup and the scope (which keep the plans PostgreSQL chose for them):
-# the plan mode of the statements after it, the database clock, the policy stamp and the TTL channels. The
-# clock is also kept for the rest of the transaction as buzz.pass_start (SET LOCAL), where a first page's
-# statement sent in the same round trip reads it as its start (_HEAD_CLOCK_SQL): the same instant as the
-# clock returned here (a timestamptz's text reads back exactly in the same session).
+# The pass's head, a transaction's first statement after BEGIN: the statement budget (set_config(..., true)
+# is SET LOCAL, so it bounds every later statement), the database clock, the policy stamp and the TTL
+# channels. The clock is also kept for the rest of the transaction as buzz.pass_start (SET LOCAL), where a
+# first page's statement sent in the same round trip reads it as its start (_HEAD_CLOCK_SQL): the same
+# instant as the clock returned here (a timestamptz's text reads back exactly in the same session).
 _HEAD_SQL: Final = (
-    "SELECT set_config('plan_cache_mode', %s, true), c.t,"  # noqa: S608 - composed from code
+    "SELECT set_config('statement_timeout', %s, true), c.t,"  # noqa: S608 - composed from code
     f" {policy_stamp_sql('%s')},"
     " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL),"
     " set_config('buzz.pass_start', c.t::text, true) FROM (SELECT clock_timestamp() AS t) AS c"
@@ -595,8 +592,8 @@ _HEAD_CLOCK_SQL: Final = "current_setting('buzz.pass_start')::timestamptz"
 
 @dataclass(frozen=True, slots=True)
 class Plans:
-    """How a read's transaction plans its page statement: plan_cache_mode (set by the pass's head), and whether
-    the page statement may sort (`_NO_SORT_SQL` right before it)."""
+    """How a read's transaction plans its page statement: plan_cache_mode, and whether the page statement may
+    sort (both set right before it, `_plans_sql`)."""
 
     cache_mode: str
     sort: bool
@@ -689,27 +686,23 @@ async def _begin(
     deadline: float,
     community_id: int,
     params: dict[str, Any] | None,
-    plans: Plans,
     scope: tuple[Actor, list[uuid.UUID] | None] | None,
 ) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None, ScopeCursors | None]:
-    """Inside a pipeline: BEGIN and the statement budget, for a bearer token its lookup, for `scope` (a reader
-    and the channels #h names, or None) that reader's scope statements (`_send_scope`), and the pass's head
-    (the plans of what follows, the database clock, the policy stamp, the TTL channels). Returns the head's,
-    the token's and the scope's cursors; nothing is read yet. The token and the scope run before the plan
-    mode is set: their plans are PostgreSQL's choice, generic once it has made five, rather than made again
-    for every page (about 0.1-0.2 ms of a page)."""
+    """Inside a pipeline: BEGIN, the pass's head (the statement budget, the database clock, the policy stamp,
+    the TTL channels), for a bearer token its lookup, and for `scope` (a reader and the channels #h names, or
+    None) that reader's scope statements (`_send_scope`). Returns the head's, the token's and the scope's
+    cursors; nothing is read yet. The token and the scope run under PostgreSQL's own plan mode (the page's is
+    set after them, `_plans_sql`): their plans are PostgreSQL's choice, generic once it has made five, rather
+    than made again for every page (about 0.1-0.2 ms of a page)."""
     await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-    await conn.execute(_BUDGET_SQL, (str(_statement_ms(deadline)),))
+    head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
     token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
     scoped = await _send_scope(conn, *scope) if scope is not None else None
-    head = await conn.execute(_HEAD_SQL, (plans.cache_mode, community_id, community_id))
     return head, token, scoped
 
 
 @contextlib.asynccontextmanager
-async def _transaction(
-    deadline: float, who: Actor | Bearer, query: ArtifactQuery, *, plans: Plans = CUSTOM_PLANS
-) -> AsyncIterator[Snapshot]:
+async def _transaction(deadline: float, who: Actor | Bearer, query: ArtifactQuery) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
     policy stamp, the TTL channels and, for a Bearer credential, the token and its holder's admission
     read: one round trip (a pipeline; the pool's connections are autocommit, so BEGIN is sent with them).
@@ -728,7 +721,7 @@ async def _transaction(
         try:
             async with pipeline(conn):
                 scope_of = (known, query.channels()) if known is not None else None
-                head, token, scoped = await _begin(conn, deadline, community_id, params, plans, scope_of)
+                head, token, scoped = await _begin(conn, deadline, community_id, params, scope_of)
             row = await head.fetchone()
             if row is None:
                 raise unavailable("the database did not answer; retry", "database")
@@ -753,27 +746,29 @@ async def _transaction(
             raise
 
 
-# Sent right before a page statement planned without a sort (WALK_PLANS), in its round trip: enable_sort is
-# off for that statement only (COMMIT ends it), never for the access statements before it, whose plans the
-# pool's connections keep for everyone.
-_NO_SORT_SQL: Final = "SELECT set_config('enable_sort', 'off', true)"
+# Sent right before a page statement, in its round trip: its plan mode and, for a page planned without a sort
+# (WALK_PLANS), enable_sort off. Both are SET LOCAL and the page is the transaction's last statement, so they
+# hold for that statement only (COMMIT ends them), never for the access statements before it, whose plans
+# the pool's connections keep for everyone.
+def _plans_sql(plans: Plans) -> str:
+    no_sort = "" if plans.sort else ", set_config('enable_sort', 'off', true)"
+    return f"SELECT set_config('plan_cache_mode', %s, true){no_sort}"
 
 
-async def _send_last(conn: AsyncConnection[Any], sql: str, args: list[Any], *, sort: bool) -> psycopg.AsyncCursor[Any]:
-    """Inside a pipeline: the transaction's last statement (with `sort` False, planned without a sort) and
-    its COMMIT. Returns the statement's cursor; nothing is read yet."""
-    if not sort:
-        await conn.execute(_NO_SORT_SQL)
+async def _send_last(conn: AsyncConnection[Any], sql: str, args: list[Any], plans: Plans) -> psycopg.AsyncCursor[Any]:
+    """Inside a pipeline: the transaction's last statement, planned as `plans` says, and its COMMIT. Returns
+    the statement's cursor; nothing is read yet."""
+    await conn.execute(_plans_sql(plans), (plans.cache_mode,))  # type: ignore[arg-type]
     cursor = await conn.execute(sql, args)  # type: ignore[arg-type]
     await conn.execute("COMMIT")
     return cursor
 
 
-async def finish(snap: Snapshot, sql: str, args: list[Any], *, sort: bool = True) -> list[Any]:
-    """The transaction's last statement and its COMMIT, in one round trip (a pipeline); with `sort` False,
-    planned without a sort."""
+async def finish(snap: Snapshot, sql: str, args: list[Any], plans: Plans = CUSTOM_PLANS) -> list[Any]:
+    """The transaction's last statement, planned as `plans` says, and its COMMIT, in one round trip (a
+    pipeline)."""
     async with pipeline(snap.conn):
-        cursor = await _send_last(snap.conn, sql, args, sort=sort)
+        cursor = await _send_last(snap.conn, sql, args, plans)
     snap.finished = True
     return await cursor.fetchall()
 
@@ -999,7 +994,7 @@ async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> s
     if fast is not None:
         return _page(*fast, n)
     plans = _plans_for(request)
-    async with _transaction(deadline, who, request.query, plans=plans) as snap:
+    async with _transaction(deadline, who, request.query) as snap:
         actor = snap.actor
         run = resume(actor, request, now=snap.now, stamp=snap.stamp)
         channels = await scope(snap, request.query)
@@ -1008,11 +1003,11 @@ async def read_page(who: Actor | Bearer, request: Request, deadline: float) -> s
             rows: list[Any] = []
             if channels:
                 sql, args = _initial_sql(actor, request.query, channels, run, n + 1)
-                rows = await finish(snap, sql, args, sort=plans.sort)
+                rows = await finish(snap, sql, args, plans)
         else:
             # With no readable channel there are no heads, grants or moves, but removals still count.
             sql, args = _later_sql(actor, request.query, channels, run, run.since, n + 1)
-            rows = await finish(snap, sql, args, sort=plans.sort)
+            rows = await finish(snap, sql, args, plans)
     return _page(actor, request, run, rows, n)
 
 
@@ -1041,13 +1036,14 @@ async def _page_in_one_trip(
     who: Actor | Bearer, request: Request, deadline: float, n: int
 ) -> tuple[Actor, Request, Pass, list[Any]] | None:
     """A page in one round trip, when its reader is known (an Actor, or a token whose holder this process has
-    seen) and so is the scope of the reader's last page of this query: BEGIN, the settings, clock, stamp and
-    TTL channels, the token, the scope statements, the page statement over the remembered scope, and
-    COMMIT, in one pipeline, all in one snapshot. A continuation's page is planned from its cursor; a first
-    page (an initial or a later pass) from the request, with the pass's start left to the database clock
-    read in the same round trip (_HEAD_CLOCK_SQL). Then every check runs as `read_page` runs it, in its
-    order (the token, the pass against the clock and the policy stamp, the reader's standing), and the page
-    is the answer only when the reader, the pass and the scope are the ones the statement was built for.
+    seen) and so is the scope of the reader's last page of this query: BEGIN, the head (budget, clock, stamp
+    and TTL channels), the token, the scope statements, the page's plan settings, the page statement over the
+    remembered scope, and COMMIT, in one pipeline, all in one snapshot. A continuation's page is planned
+    from its cursor; a first page (an initial or a later pass) from the request, with the pass's start left
+    to the database clock read in the same round trip (_HEAD_CLOCK_SQL). Then every check runs as
+    `read_page` runs it, in its order (the token, the pass against the clock and the policy stamp, the
+    reader's standing), and the page is the answer only when the reader, the pass and the scope are the
+    ones the statement was built for.
     None: not such a request, or a guess that didn't hold (`read_page` reads it the usual way)."""
     community = who.community
     params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
@@ -1082,9 +1078,9 @@ async def _page_in_one_trip(
             plans = _plans(request.query, later=since is not None)
             async with pipeline(conn):
                 head, token, scoped = await _begin(
-                    conn, deadline, community_id, params, plans, (known, request.query.channels())
+                    conn, deadline, community_id, params, (known, request.query.channels())
                 )
-                page = await _send_last(conn, sql, args, sort=plans.sort)
+                page = await _send_last(conn, sql, args, plans)
             row = await head.fetchone()
             token_row = await token.fetchone() if token is not None else None
             scope_rows = await _fetch_scope(scoped) if scoped is not None else None

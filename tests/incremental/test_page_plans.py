@@ -321,7 +321,7 @@ def test_a_pages_head_reads_only_the_ttl_channels_on_never_analyzed_tables(fresh
     assert fresh.never_analyzed(), "a fresh table has statistics"
     community = fresh.actor.community.id
     prepared = Prepared(fresh.conn)
-    prepared.prepare("head", incremental._HEAD_SQL, ["force_generic_plan", community, community])
+    prepared.prepare("head", incremental._HEAD_SQL, ["2000", community, community])
     explained = prepared.explain("head")
     assert_searched(explained, "head", first_columns(fresh.conn))
     # A generic plan compares with the statement's parameters ($2, $3: the community), not with their values.
