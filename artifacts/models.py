@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from buzz.models import Community, GuardedChange, GuardedQuerySet
+from buzz.models import Community, GuardedChange, GuardedModel, GuardedQuerySet
 
 
 class ArtifactQuerySet(GuardedQuerySet["Artifact"]):
@@ -38,7 +38,7 @@ def _refuse_delete(what: str) -> GuardedChange:
     )
 
 
-class Artifact(models.Model):
+class Artifact(GuardedModel):
     """One artifact identity (community, d) and its current head. The head row is the CAS lock."""
 
     # No index of its own: artifact_identity and three more lead with the community.
@@ -85,7 +85,7 @@ class Artifact(models.Model):
         raise _refuse_delete("an artifact")
 
 
-class Revision(models.Model):
+class Revision(GuardedModel):
     """An accepted kind-45010 event, keyed by (community, event id): a resubmission is found by that key,
     and one signed event sent to two communities is a revision in each. The row's own key is `seq`."""
 
@@ -137,7 +137,7 @@ class Revision(models.Model):
         raise _refuse_delete("a revision")
 
 
-class CurrentTag(models.Model):
+class CurrentTag(GuardedModel):
     """(tag name, first value) of the current head only; replaced on every accepted revision."""
 
     # Written with the head change that makes them current (artifacts.services), by the artifact's key
@@ -152,7 +152,7 @@ class CurrentTag(models.Model):
     # btree entry allows, and predicates are exact matches only.
 
 
-class MoveRemoval(models.Model):
+class MoveRemoval(GuardedModel):
     """The relay-signed kind-45011 event a move stores in its source channel.
 
     Its id alone is a key: the relay key that signs it is its community's own (Community.relay_pubkey

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 from django.contrib.postgres.indexes import HashIndex
 from django.core.validators import RegexValidator
@@ -69,6 +72,52 @@ class GuardedQuerySet(models.QuerySet[_M]):
         return super().bulk_update(objs, fields, batch_size=batch_size)  # type: ignore[arg-type]
 
 
+# Set by the services that change guarded fields through Model.save() and publish the resync themselves.
+_services_writing: ContextVar[bool] = ContextVar("buzz_guarded_writes", default=False)
+
+
+@contextlib.contextmanager
+def guarded_writes() -> Iterator[None]:
+    """Inside it, Model.save() may change a guarded field. Only the services that publish the change's
+    resync (buzz.chat.channels) enter it."""
+    token = _services_writing.set(True)
+    try:
+        yield
+    finally:
+        _services_writing.reset(token)
+
+
+class GuardedModel(models.Model):
+    """A model whose queryset is a GuardedQuerySet, with the same guard on Model.save(): Django saves an
+    instance through the base manager's plain queryset, which GuardedQuerySet never sees, so `obj.retired =
+    True; obj.save()` in a shell would retire a head (or change access) with no resync (NIP-AR sync rule 6).
+    Saving an existing row that changes a guarded field raises GuardedChange, unless a service that resyncs
+    does it (`guarded_writes`). New rows are not checked: creating one changes nothing a sync holds."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding and not _services_writing.get():
+            self._refuse_guarded_change(kwargs.get("update_fields"))
+        super().save(*args, **kwargs)
+
+    def _refuse_guarded_change(self, update_fields: Any) -> None:
+        queryset = type(self)._default_manager.get_queryset()
+        guarded: frozenset[str] = getattr(queryset, "guarded", frozenset())
+        names = sorted(guarded if update_fields is None else guarded & set(update_fields))
+        if not names:
+            return
+        fields = [f for name in names if isinstance(f := self._meta.get_field(name), models.Field)]
+        stored = type(self)._base_manager.filter(pk=self.pk).values(*(f.attname for f in fields)).first()
+        if stored is None:
+            return  # no such row: save() inserts it
+        for field in fields:
+            if field.to_python(getattr(self, field.attname)) != stored[field.attname]:
+                why = getattr(queryset, "why", GuardedQuerySet.why)
+                raise GuardedChange(f"{type(self).__name__}.{field.name} is never changed by save(): {why}")
+
+
 class StoredEventQuerySet(GuardedQuerySet["StoredEvent"]):
     # Withholding (a removed message, a redacted or expired revision) is buzz.events.store's, in SQL: undone
     # here it would put a redacted revision back in every NIP-01 replay.
@@ -127,7 +176,7 @@ class RelayMember(models.Model):
         return f"{self.pubkey[:12]}… ({self.role})"
 
 
-class StoredEvent(models.Model):
+class StoredEvent(GuardedModel):
     """A signed event the relay accepted and serves back (kind-9 messages, relay-signed state...).
 
     `raw` is the event's JSON exactly as served, so reads never re-serialize.
@@ -169,6 +218,10 @@ class StoredEvent(models.Model):
 
     def __str__(self) -> str:
         return f"kind {self.kind} {self.id[:12]}…"
+
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        # Model.delete() goes through Django's collector, not StoredEventQuerySet.delete().
+        raise GuardedChange(f"a stored event is never deleted this way: {StoredEventQuerySet.why}")
 
 
 class EventTag(models.Model):
@@ -212,7 +265,7 @@ class ChannelRole(models.TextChoices):
     BOT = "bot", "bot"
 
 
-class Channel(models.Model):
+class Channel(GuardedModel):
     """A NIP-29 group. Its id is the client-chosen UUID of its `h` tag, unique within a community."""
 
     community = models.ForeignKey(Community, on_delete=models.CASCADE, related_name="channels")
@@ -257,7 +310,7 @@ class Channel(models.Model):
         raise GuardedChange("a channel is deleted by buzz.chat.channels.channel_delete (NIP-29 9008), never removed")
 
 
-class Membership(models.Model):
+class Membership(GuardedModel):
     """A channel membership. A removal sets removed_at; the row stays (incremental reads replay it)."""
 
     channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="memberships")

@@ -30,6 +30,7 @@ from buzz.models import (
     Membership,
     MessageCounter,
     Visibility,
+    guarded_writes,
 )
 from buzz.nostr import Event, Signer
 
@@ -264,7 +265,8 @@ def member_put(
             if actor is not None and current.role == ChannelRole.OWNER and role_of(channel, actor) != "owner":
                 raise ChannelError("restricted: only an owner changes an owner's role")
             current.role = role
-            current.save(update_fields=["role"])
+            with guarded_writes():  # this service publishes the access change
+                current.save(update_fields=["role"])
             membership = current
         else:
             membership = Membership.objects.create(
@@ -300,7 +302,8 @@ def member_remove(
             raise ChannelError("invalid: the last owner can't leave or be removed")
         # The database's clock, not this process's: incremental reads page on it (NIP-AR).
         target.removed_at = ClockTimestamp()
-        target.save(update_fields=["removed_at"])
+        with guarded_writes():  # this service publishes the access change
+            target.save(update_fields=["removed_at"])
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
         refresh_state(channel)
@@ -397,7 +400,8 @@ def channel_edit(
                 scope_changed = scope_changed or was_ttl != bool(channel.ttl_seconds)
         if access_changed_now:
             channel.access_changed_at = ClockTimestamp()  # the database's clock, as every access change
-        channel.save()
+        with guarded_writes():  # this service publishes the access change
+            channel.save()
         if access_changed_now:
             channel.refresh_from_db(fields=["access_changed_at"])
         if access_changed_now or scope_changed:
@@ -427,7 +431,8 @@ def channel_delete(
         if actor is not None and role_of(channel, actor) != ChannelRole.OWNER:
             raise ChannelError("restricted: only an owner deletes a channel")
         channel.deleted_at = ClockTimestamp()  # the database's clock, as every access change
-        channel.save(update_fields=["deleted_at"])
+        with guarded_writes():  # this service publishes the access change
+            channel.save(update_fields=["deleted_at"])
         access_changed(community.pk)
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
