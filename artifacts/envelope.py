@@ -84,14 +84,33 @@ def parse_uuid(value: str, name: str) -> uuid.UUID:
     return parsed
 
 
-# Characters that show nothing, beside whitespace: the fillers that render as an empty cell.
-_INVISIBLE: Final = frozenset("\u115f\u1160\u2800\u3164\uffa0")
+# Characters that show nothing, beside whitespace and format or control characters: the Braille blank, and
+# Unicode's default-ignorable code points that are neither (Default_Ignorable_Code_Point in the Unicode
+# Character Database's DerivedCoreProperties.txt): the Hangul fillers, which render as an empty cell, the
+# combining grapheme joiner, the Khmer inherent vowels, the Mongolian and standard variation selectors, the
+# reserved code points among them, and the variation selectors supplement. Inclusive ranges.
+_INVISIBLE: Final = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2065, 0x2065),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0xE0000, 0xE0FFF),
+)
 
 
 def _shows_nothing(ch: str) -> bool:
     """Whitespace, a format or control character (zero-width space, direction marks, word joiner, BOM...),
-    or a filler that renders empty."""
-    return ch.isspace() or ch in _INVISIBLE or unicodedata.category(ch) in ("Cf", "Cc")
+    or another character that renders nothing (`_INVISIBLE`: fillers, variation selectors...)."""
+    if ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc"):
+        return True
+    code = ord(ch)
+    return any(low <= code <= high for low, high in _INVISIBLE)
 
 
 def _blank(title: str) -> bool:

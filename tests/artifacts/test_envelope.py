@@ -179,15 +179,45 @@ def test_type_length() -> None:
         "", " ", "\t\n", "\u3000", "\u00a0 ",
         # Nothing in these shows either: zero-width space, direction marks, word joiner, BOM, fillers.
         "\u200b", "\u200e\u200f", "\u2060", "\ufeff", "\u3164", "\u2800", "\u115f\u1160", "\uffa0", " \u200b\u00a0",
+        # Default-ignorable code points that are not format characters: variation selectors (standard,
+        # Mongolian, supplement), the combining grapheme joiner, the Khmer inherent vowels, reserved ones.
+        "\ufe0f", "\ufe00\ufe0e", "\u180b", "\u180f", "\u034f", "\u17b4\u17b5", "\U000e0100", "\U000e01ef",
+        "\u2065", "\ufff0", "\U000e0080", " \ufe0f\u200d\ufe0f ",
     ],
 )  # fmt: skip
 def test_title_blank(value: str) -> None:
     assert rejection(envelope_tags(title=value)) == "invalid: title must not be blank"
 
 
-@pytest.mark.parametrize("value", ["x", "\u200bx", "a\u2800", "\u00e9", "\U0001f600", "\u3164\u4e00"])
+@pytest.mark.parametrize(
+    "value", ["x", "\u200bx", "a\u2800", "\u00e9", "\U0001f600", "\u3164\u4e00", "\u2764\ufe0f", "\u0301", "\ufe10"]
+)
 def test_a_title_with_something_visible_is_not_blank(value: str) -> None:
     assert parse(envelope_tags(title=value)).title == value
+
+
+# Characters that show nothing: whitespace, format characters and the default-ignorable code points (the Unicode
+# Character Database's Default_Ignorable_Code_Point ranges, and the Braille blank).
+_NOTHING = st.one_of(
+    st.characters(categories=["Zs", "Cf"]),
+    st.sampled_from(" \t\n\u00a0\u2800"),
+    st.integers(0xFE00, 0xFE0F).map(chr),
+    st.integers(0xE0100, 0xE01EF).map(chr),
+    st.integers(0x180B, 0x180F).map(chr),
+    st.sampled_from("\u034f\u115f\u1160\u17b4\u17b5\u3164\uffa0\u2065\ufff0"),
+)
+
+
+@given(
+    nothing=st.text(_NOTHING, min_size=1, max_size=40),
+    letter=st.characters(categories=["L"]).filter(lambda c: c not in "\u115f\u1160\u3164\uffa0"),
+    at=st.integers(),
+)
+def test_a_title_is_blank_exactly_when_nothing_in_it_shows(nothing: str, letter: str, at: int) -> None:
+    assert rejection(envelope_tags(title=nothing)) == "invalid: title must not be blank"
+    at %= len(nothing) + 1
+    shown = nothing[:at] + letter + nothing[at:]
+    assert parse(envelope_tags(title=shown)).title == shown
 
 
 def test_title_length_in_utf8_bytes() -> None:
