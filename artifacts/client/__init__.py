@@ -22,8 +22,10 @@ from .sync import (
     Synced,
     SyncRefused,
     SyncSet,
+    SyncUnsupported,
     SyncUpdate,
     fetch_set,
+    sync_capability,
 )
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "SyncFilter",
     "SyncRefused",
     "SyncSet",
+    "SyncUnsupported",
     "SyncUpdate",
     "Synced",
     "derive_d",
@@ -64,4 +67,5 @@ __all__ = [
     "nip98_header",
     "revision",
     "set_digest",
+    "sync_capability",
 ]

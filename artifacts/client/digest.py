@@ -17,6 +17,11 @@ _UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 
+def is_artifact_id(value: object) -> bool:
+    """Is `value` an artifact id (d) as NIP-AR spells it: a lowercase hyphenated UUID?"""
+    return isinstance(value, str) and _UUID.fullmatch(value) is not None
+
+
 def set_digest(heads: Mapping[str, str] | Iterable[tuple[str, str]]) -> str:
     """The digest of a set given as {d: head id} or as (d, head id) pairs.
 
@@ -28,7 +33,7 @@ def set_digest(heads: Mapping[str, str] | Iterable[tuple[str, str]]) -> str:
     pairs = list(heads.items()) if isinstance(heads, Mapping) else list(heads)
     seen: set[str] = set()
     for d, head in pairs:
-        if not (isinstance(d, str) and _UUID.fullmatch(d)):
+        if not is_artifact_id(d):
             raise ValueError(f"d must be a lowercase hyphenated UUID, not {d!r}")
         if not (isinstance(head, str) and _HEX64.fullmatch(head)):
             raise ValueError(f"the head of {d} must be a 64-character lowercase hex event id, not {head!r}")

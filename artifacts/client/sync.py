@@ -30,10 +30,10 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from .connection import AuthFailed, ConnectionLost, Relay, RelayError, Subscription
-from .digest import set_digest
+from .digest import is_artifact_id, set_digest
 from .events import Event, EventError, Keys
 from .filters import SyncFilter
-from .httpapi import RelayUrl
+from .httpapi import HttpError, RelayUrl, information
 from .revisions import KIND_ARTIFACT, KIND_REMOVAL, Head
 
 # Older ids remembered per d within one sync, to refuse an older head (rule 4, client side): two per
@@ -53,6 +53,30 @@ class SyncRefused(RelayError):
 
 class ProtocolViolation(RelayError):
     """The relay sent something the spec does not allow; Sync starts over."""
+
+
+class SyncUnsupported(SyncRefused):
+    """The relay's NIP-11 document does not advertise NIP-AR sync: the client sends no sync REQ there."""
+
+
+async def sync_capability(url: RelayUrl, *, timeout: float = 10.0) -> int:
+    """The `max_events` of the relay's advertised sync (NIP-11: `artifacts.sync` version 1 and
+    `websocket_query_extensions` true). The spec's "Clients select each protocol through its own
+    capability": a relay that does not know the "artifact" key may ignore it and answer a sync REQ with
+    an ordinary replay and EOSE, which is no set. Raises SyncUnsupported, or HttpError when the document
+    can't be read."""
+    doc = await information(url, timeout=timeout)
+    section = doc.get("artifacts")
+    sync = section.get("sync") if isinstance(section, dict) else None
+    if doc.get("websocket_query_extensions") is not True or not isinstance(sync, dict) or sync.get("version") != 1:
+        raise SyncUnsupported(
+            "unsupported: the relay does not advertise NIP-AR sync"
+            " (NIP-11 artifacts.sync version 1 and websocket_query_extensions)"
+        )
+    max_events = sync.get("max_events")
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+        raise SyncUnsupported("unsupported: the relay advertises NIP-AR sync without a max_events")
+    return max_events
 
 
 # --- updates a Sync yields ---------------------------------------------------------------
@@ -189,6 +213,9 @@ def _d_of(event: Event) -> str:
     d = event.first("d")
     if d is None:
         raise ProtocolViolation(f"error: event {event.id} has no d tag")
+    if not is_artifact_id(d):
+        # Never held: a set of such entries would have no digest (nip-ar-set-v1 names heads by UUID).
+        raise ProtocolViolation(f"error: event {event.id} has a d that is not a lowercase UUID")
     return d
 
 
@@ -274,6 +301,7 @@ class Sync:
         self.complete = False  # an EOSE has been received at least once
         self.stale = False  # the held set may be out of date (a sync failed since its EOSE)
         self._sleep = sleep
+        self.max_events: int | None = None  # the relay's advertised sync bound, once its NIP-11 is read
         self._relay: Relay | None = None
         self._stopping = asyncio.Event()
 
@@ -314,6 +342,8 @@ class Sync:
                     if relay is None or relay.lost is not None:
                         if relay is not None:
                             await relay.close()
+                        if self.max_events is None:
+                            self.max_events = await self._capability()
                         relay = await self._connect()
                     sub = await relay.subscribe([self.filter.to_json()])
                     self.state.begin()
@@ -350,6 +380,13 @@ class Sync:
             self._relay = None
             if relay is not None:
                 await relay.close()
+
+    async def _capability(self) -> int:
+        """The relay's sync bound (`sync_capability`); a document that can't be read now is a restart."""
+        try:
+            return await sync_capability(self.url, timeout=self.open_timeout)
+        except (HttpError, OSError) as err:
+            raise _Restart("error", f"error: the relay's NIP-11 document could not be read ({err})") from None
 
     async def _connect(self) -> Relay:
         try:
@@ -426,8 +463,10 @@ async def fetch_set(relay: Relay, flt: SyncFilter, *, timeout: float = 120.0, ve
     """REQ, wait for EOSE, CLOSE: the complete set at the relay's cut (spec: "Short-lived clients").
 
     CLOSED before EOSE raises SyncClosed with the relay's reason, a dropped connection
-    ConnectionLost: neither is ever taken for an empty set.
+    ConnectionLost: neither is ever taken for an empty set. A relay whose NIP-11 document does not advertise
+    sync gets no REQ: SyncUnsupported (`sync_capability`).
     """
+    await sync_capability(relay.url, timeout=timeout)
     state = SyncSet(flt)
     state.begin()
     sub = await relay.subscribe([flt.to_json()])

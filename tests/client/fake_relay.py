@@ -14,6 +14,9 @@ against real relay processes, not here.
 
     async with FakeRelay(script) as relay:   # each connection runs script(conn)
         ... Sync(relay.url, keys, flt) ...
+
+Its NIP-11 document (a GET that is no WebSocket upgrade) advertises sync, as the client requires before a
+sync REQ; `FakeRelay(script, nip11=...)` serves another one.
 """
 
 from __future__ import annotations
@@ -27,10 +30,18 @@ from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from artifacts.client import Event
 
 Script = Callable[["FakeConnection"], Awaitable[None]]
+
+# What a relay that runs sync advertises (NIP-AR "Relay information document").
+SYNC_NIP11: dict[str, Any] = {
+    "name": "fake relay",
+    "artifacts": {"sync": {"version": 1, "max_events": 4096}, "modes": ["current", "history", "head"]},
+    "websocket_query_extensions": True,
+}
 
 
 class FakeConnection:
@@ -92,8 +103,10 @@ class FakeConnection:
 
 
 class FakeRelay:
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, *, nip11: dict[str, Any] | None = None) -> None:
         self.script = script
+        self.nip11 = SYNC_NIP11 if nip11 is None else nip11
+        self.nip11_reads = 0
         self.url = ""
         self.connections: list[FakeConnection] = []
         self.log: list[tuple[int, list[Any]]] = []  # (connection index, message) for everything received
@@ -102,7 +115,7 @@ class FakeRelay:
         self._server: Server | None = None
 
     async def __aenter__(self) -> FakeRelay:
-        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None)
+        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None, process_request=self._information)
         port = next(iter(self._server.sockets)).getsockname()[1]
         self.url = f"ws://127.0.0.1:{port}/"
         return self
@@ -113,6 +126,15 @@ class FakeRelay:
             await self._server.wait_closed()
         if self.errors and exc[0] is None:
             raise AssertionError(f"the fake relay's script failed: {self.errors[0]!r}") from self.errors[0]
+
+    def _information(self, ws: ServerConnection, request: Request) -> Response | None:
+        """The NIP-11 document for a plain GET; None lets a WebSocket upgrade through."""
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return None
+        self.nip11_reads += 1
+        response = ws.respond(200, json.dumps(self.nip11))
+        response.headers["Content-Type"] = "application/nostr+json"
+        return response
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn = FakeConnection(self, ws, len(self.connections))

@@ -36,6 +36,7 @@ from artifacts.client import (
     Synced,
     SyncFilter,
     SyncRefused,
+    SyncUnsupported,
     SyncUpdate,
     fetch_set,
     revision,
@@ -537,3 +538,102 @@ async def test_fetch_set_is_req_eose_close_and_never_takes_a_failure_for_an_empt
         assert closed.value.reason == "resync: too many changes during the read"
         with pytest.raises(ConnectionLost):
             await fetch_set(client, FILTER)
+
+
+# --- capability: a sync REQ goes only where NIP-11 advertises sync ---------------------------------------------
+# "Clients select each protocol through its own capability": a NIP-01 relay that ignores the "artifact" key
+# answers a sync REQ with an ordinary replay (newest first) and EOSE, which the client would commit as a set.
+
+
+NOT_ADVERTISED = [
+    {"name": "a NIP-01 relay"},
+    {"artifacts": {"sync": {"version": 1, "max_events": 4096}}},  # no websocket_query_extensions
+    {"artifacts": {"sync": {"version": 2, "max_events": 4096}}, "websocket_query_extensions": True},
+    {"artifacts": {"modes": ["current", "history"]}, "websocket_query_extensions": True},
+    {"artifacts": {"sync": {"version": 1}}, "websocket_query_extensions": True},  # no max_events
+]
+
+
+@pytest.mark.parametrize("nip11", NOT_ADVERTISED)
+async def test_no_sync_req_goes_to_a_relay_that_does_not_advertise_sync(nip11: dict[str, Any]) -> None:
+    older = art()
+    newer = art(prev=older)
+
+    async def replay(conn: FakeConnection) -> None:  # what such a relay would answer, were it asked
+        await conn.auth()
+        sub, _ = await conn.req(timeout=3600)
+        await conn.send("EVENT", sub, newer.to_dict())
+        await conn.send("EVENT", sub, older.to_dict())
+        await conn.send("EOSE", sub)
+
+    async with FakeRelay(replay, nip11=nip11) as relay:
+        sync = new_sync(relay)
+        with pytest.raises(SyncUnsupported):
+            async for update in sync:
+                raise AssertionError(f"a sync ran against a relay without sync: {update}")
+        assert sync.items == {} and not sync.complete
+        async with Relay.connect(relay.url, READER) as client:
+            with pytest.raises(SyncUnsupported):
+                await fetch_set(client, FILTER)
+        assert relay.sent("REQ") == [] and relay.nip11_reads == 2
+
+
+async def test_a_sync_reads_the_relays_sync_bound_once() -> None:
+    a = art()
+
+    async def script(conn: FakeConnection) -> None:
+        await conn.auth()
+        sub, _ = await conn.req()
+        await conn.send("EVENT", sub, a.to_dict())
+        await conn.send("EOSE", sub)
+        await conn.send("CLOSED", sub, "resync: membership changed")
+        sub, _ = await conn.req()
+        await conn.send("EOSE", sub)
+
+    nip11 = {"artifacts": {"sync": {"version": 1, "max_events": 12}}, "websocket_query_extensions": True}
+    async with FakeRelay(script, nip11=nip11) as relay:
+        sync = new_sync(relay)
+        driver = Driver(sync)
+        try:
+            assert ids((await driver.synced()).items) == {a.first("d"): a.id}
+            await driver.restart()
+            assert (await driver.synced()).items == {}
+            assert sync.max_events == 12 and relay.nip11_reads == 1
+        finally:
+            await driver.close()
+
+
+async def test_an_entry_whose_d_is_no_uuid_is_never_held() -> None:
+    good = art()
+    bad = Keys.generate().sign(
+        45010,
+        [["ar", "1"], ["d", "not-a-uuid"], ["h", H1], ["type", TYPE], ["title", "t"], ["op", "create"]],
+        '{"n":1}',
+    )
+
+    async def script(conn: FakeConnection) -> None:
+        # A protocol violation ends the connection: each sync below is a connection of its own.
+        await conn.auth()
+        sub, _ = await conn.req()
+        if conn.index == 0:
+            await conn.send("EVENT", sub, good.to_dict())
+            await conn.send("EVENT", sub, bad.to_dict())
+            await conn.send("EOSE", sub)
+        elif conn.index == 1:
+            await conn.send("EVENT", sub, good.to_dict())
+            await conn.send("EOSE", sub)
+            await conn.send("EVENT", sub, bad.to_dict())
+
+    async with FakeRelay(script) as relay:
+        sync = new_sync(relay)
+        driver = Driver(sync)
+        try:
+            restart = await driver.restart()  # before EOSE: the sync starts over, nothing is committed
+            assert restart.cause == "protocol" and "not a lowercase UUID" in restart.reason
+            assert sync.items == {} and not sync.complete
+            assert ids((await driver.synced()).items) == {good.first("d"): good.id}
+            restart = await driver.restart()  # a live entry: the held set stays as it was
+            assert restart.cause == "protocol"
+            assert ids(sync.items) == {good.first("d"): good.id} and sync.digest == set_digest(ids(sync.items))
+        finally:
+            await driver.close()
