@@ -10,6 +10,7 @@ when the oracle says it is valid, and every rejection is a ProtocolError whose r
 from __future__ import annotations
 
 import re
+import unicodedata
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -372,6 +373,24 @@ def _bytes(value: str) -> int:
     return len(value.encode("utf-8"))
 
 
+# Code points a reader sees nothing of, besides whitespace, control and format characters: the Braille blank and
+# the default-ignorable code points of other categories (Unicode's Default_Ignorable_Code_Point property).
+_SHOW_NOTHING = frozenset(
+    chr(c)
+    for low, high in (
+        (0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2065, 0x2065),
+        (0x2800, 0x2800), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+        (0xE0000, 0xE0FFF),
+    )
+    for c in range(low, high + 1)
+)  # fmt: skip
+
+
+def _oracle_blank(title: str) -> bool:
+    """A "nonblank display title" shows something."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") or ch in _SHOW_NOTHING for ch in title)
+
+
 def oracle_valid(tags: Sequence[Sequence[str]], content: str) -> bool:
     """Validity from the spec text, independently of artifacts.envelope."""
     if len(tags) > 256:
@@ -403,7 +422,7 @@ def oracle_valid(tags: Sequence[Sequence[str]], content: str) -> bool:
             return False
         if any(t[0] not in ENVELOPE_NAMES and t[0] != "auth" for t in tags):
             return False
-    elif title is None or title.strip() == "" or _bytes(title) > 512:
+    elif title is None or _oracle_blank(title) or _bytes(title) > 512:
         return False
     for name in ("root", "prev"):
         if name in env and not _HEX64_RE.fullmatch(env[name]):
