@@ -559,6 +559,12 @@ def _judge_edit(actor: Actor, env: Envelope, rows: list[Any]) -> WriteResult | _
     def refuse(reason: str) -> WriteResult:
         return WriteResult.rejected(HEAD_UNAVAILABLE if unreadable else reason)
 
+    if env.op == "move" and env.h != home:
+        # A move needs write in both channels, and both are checked where a kind-9 message's channel is:
+        # before anything about the artifact or the edit (NIP-AR Access: "at the same point").
+        destination = decide_post(actor, env.h, facts[env.h])
+        if not destination.ok:
+            return refuse(destination.reason)
     if env.prev != head_id:
         return refuse(HEAD_CHANGED)
     if env.type != type_name:
@@ -571,9 +577,6 @@ def _judge_edit(actor: Actor, env: Envelope, rows: list[Any]) -> WriteResult | _
     if env.op == "move":
         if env.h == home:
             return refuse("invalid: a move changes h; use update to stay in the channel")
-        destination = decide_post(actor, env.h, facts[env.h])
-        if not destination.ok:
-            return refuse(destination.reason)
         if not anchor_ok:
             return refuse("invalid: a move's root must be absent or a message in the destination")
         source = home

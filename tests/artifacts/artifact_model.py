@@ -288,9 +288,15 @@ class ArtifactModel:
         # An artifact the sender can't read answers exactly like a missing one.
         if art is None or not self.can_read(actor, art.home):
             return Outcome.reject(HEAD_UNAVAILABLE)
-        problems = []
+        # Write permission in the source, then in a move's destination, is checked where a kind-9 message's
+        # is, before anything about the edit ("at the same point"): its refusal is the answer.
         if self.channels[art.home].archived:
-            problems.append(ARCHIVED)
+            return Outcome.reject(ARCHIVED)
+        if ev.op == "move" and ev.h != art.home:
+            denial = self.write_denial(actor, ev.h)  # "Write in both source and destination"
+            if denial is not None:
+                return Outcome.reject(denial)
+        problems = []
         if ev.prev != art.head:
             problems.append(CONFLICT)
         if ev.type != art.type:
@@ -300,13 +306,8 @@ class ArtifactModel:
         if ev.op == "move":
             if ev.h == art.home:
                 problems.append(INVALID)  # "a move changes it"
-            else:
-                denial = self.write_denial(actor, ev.h)  # "Write in both source and destination"
-                if denial is not None:
-                    problems.append(denial)
-                # "Its root must be absent or belong to the destination" (asked only where the sender can read).
-                if self.can_read(actor, ev.h) and ev.root is not None and not self.anchor_ok(ev.root, ev.h):
-                    problems.append(INVALID)
+            elif ev.root is not None and not self.anchor_ok(ev.root, ev.h):
+                problems.append(INVALID)  # "Its root must be absent or belong to the destination"
         elif ev.h != art.home:
             problems.append(INVALID)  # "An update keeps h"; delete and restore keep it too
         elif ev.op == "delete":

@@ -149,6 +149,13 @@ def test_move_needs_write_in_both_and_changes_h(model: ArtifactModel) -> None:
     assert model.apply("carol", ev("carol", "move", h=PRIV_C, prev=first.id)).reasons == (NOT_A_MEMBER,)
     model.set_archived(OTHER_C, True)
     assert model.apply("alice", ev("alice", "move", h=OTHER_C, prev=first.id)).reasons == (ARCHIVED,)
+    # Permission in both channels is answered first, as a kind-9 message's is: a stale prev or a deleted
+    # artifact is not the answer when the destination refuses the write.
+    assert model.apply("alice", ev("alice", "move", h=OTHER_C, prev=new_id())).reasons == (ARCHIVED,)
+    assert model.apply("carol", ev("carol", "move", h=PRIV_C, prev=new_id(), type_="buzz.note")).reasons == (
+        NOT_A_MEMBER,
+    )
+    model.set_archived(OTHER_C, False)
     move = ev("alice", "move", h=PRIV_C, prev=first.id)
     assert model.apply("alice", move).accepted
     assert model.heads()[D1][:2] == (move.id, PRIV_C)
