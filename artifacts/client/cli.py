@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import Any, Final, NoReturn, TextIO
 
 from . import httpapi
 from .connection import Relay, RelayError
@@ -84,10 +84,21 @@ def _keys(path: str) -> Keys:
 
 # --- output ----------------------------------------------------------------------------
 
+# What a terminal would act on rather than show: C0 and C1 controls (ESC, CSI...), DEL, and the bidirectional
+# controls that reorder what follows them. Artifact text and a relay's reasons are untrusted (NIP-AR "Client
+# behavior"): in text output each such character is written as a \uXXXX escape. JSON output (--json) escapes
+# C0 as JSON does and is meant for programs.
+_UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _safe(text: object) -> str:
+    """`text` as a terminal may show it: nothing in it can move the cursor, recolor or reorder the line."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text))
+
 
 def _line(event: Event) -> str:
-    title = event.first("title")
-    return f"{event.first('d')} {event.id} {event.first('type')} {json.dumps(title, ensure_ascii=False)}"
+    title = json.dumps(event.first("title"), ensure_ascii=False)
+    return _safe(f"{event.first('d')} {event.id} {event.first('type')} {title}")
 
 
 def _digest_line(items: Mapping[str, Event], digest: str) -> str:
@@ -145,7 +156,7 @@ async def cmd_sync(args: argparse.Namespace, out: TextIO) -> int:
                         out,
                     )
                 else:
-                    what = _line(update.event) if update.action == "put" else f"{update.d}"
+                    what = _line(update.event) if update.action == "put" else _safe(update.d)
                     out.write(f"{update.action} {what} ({update.cause})\n{_digest_line(sync.items, sync.digest)}\n")
                     out.flush()
             elif isinstance(update, Restarting):
@@ -164,7 +175,7 @@ async def cmd_sync(args: argparse.Namespace, out: TextIO) -> int:
                     )
                 else:
                     stream = out if args.follow else sys.stderr
-                    stream.write(f"resync {update.cause} (again in {update.delay:.2f} s): {update.reason}\n")
+                    stream.write(f"resync {update.cause} (again in {update.delay:.2f} s): {_safe(update.reason)}\n")
                     stream.flush()
     return 0
 
@@ -189,7 +200,7 @@ async def cmd_ensure(args: argparse.Namespace, out: TextIO) -> int:
         )
     out.write(f"{result.outcome.value} {result.d} {result.head_id or '-'}\n")
     if result.outcome is Outcome.CONFLICT:
-        sys.stderr.write(f"error: {result.message}\n")
+        sys.stderr.write(f"error: {_safe(result.message)}\n")
         return EXIT_CONFLICT
     return 0
 
@@ -204,9 +215,9 @@ async def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
             if args.json:
                 _json_line(event.to_dict(), out)
             else:
-                out.write(f"{_line(event)} {event.first('op')} {event.first('h')}\n")
+                out.write(f"{_line(event)} {_safe(event.first('op'))} {_safe(event.first('h'))}\n")
     for d in missing:
-        sys.stderr.write(f"error: no head of {d} that this key can read (unknown, or not readable)\n")
+        sys.stderr.write(f"error: no head of {_safe(d)} that this key can read (unknown, or not readable)\n")
     return EXIT_ERROR if missing else 0
 
 
@@ -401,7 +412,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return asyncio.run(runner[args.command](args, stream))
     except (CliError, RelayError, HttpError, EnsureRejected) as err:
         reason = getattr(err, "reason", None) or str(err)
-        sys.stderr.write(f"error: {reason.removeprefix('error: ')}\n")
+        sys.stderr.write(f"error: {_safe(reason.removeprefix('error: '))}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

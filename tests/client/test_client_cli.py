@@ -322,3 +322,37 @@ async def test_sync_gives_up_after_its_attempts_without_follow(tmp_path: Path) -
     assert (code, out) == (1, "")
     assert lines[0].startswith("resync error (again in ") and lines[0].endswith("): error: the database is down")
     assert lines[-1] == "error: no complete set after 2 attempts; last: error: the database is down"
+
+
+# Characters a terminal acts on: ESC (and a CSI sequence after it), the C1 CSI, and a right-to-left override.
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\u009b31m\u202eevil"
+
+
+async def test_untrusted_text_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    """Artifact text and a relay's reasons are untrusted (NIP-AR "Client behavior"): the text output writes each
+    control or bidirectional-control character as a \\uXXXX escape, so a title, a type or a CLOSED reason can
+    neither clear, retitle or recolor the terminal nor reorder the line."""
+    writer = Keys.generate()
+    key = write_key(tmp_path / "reader", Keys.generate())
+    envelope = [["ar", "1"], ["d", derive_d(H, "buzz.task", "x")], ["h", H], ["type", "buzz.task" + HOSTILE]]
+    hostile = writer.sign(45010, [*envelope, ["title", "title " + HOSTILE], ["op", "create"]], '{"n":1}')
+
+    async def script(conn: FakeConnection) -> None:
+        await conn.auth()
+        sub, _ = await conn.req()
+        if conn.index == 0:
+            await conn.send("EVENT", sub, hostile.to_dict())
+            await conn.send("EOSE", sub)
+        else:
+            await conn.send("CLOSED", sub, "restricted: " + HOSTILE)
+
+    async with FakeRelay(script) as relay:
+        common = ["sync", "--relay", relay.url, "--key-file", str(key), "--channel", H]
+        code, out, err = await cli(*common)
+        assert code == 0 and err == "", err
+        code, out2, err2 = await cli(*common)
+        assert code == 1 and out2 == ""
+    for text in (out, err2):
+        assert not any(ch in text for ch in "\x1b\x07\u009b\u202e"), repr(text)
+    assert "\\u001b[2J" in out and "\\u202eevil" in out and "\\u009b31m" in out
+    assert err2.startswith("error: restricted: \\u001b[2J") and err2.count("\n") == 1
