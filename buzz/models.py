@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from django.contrib.postgres.indexes import HashIndex
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
@@ -113,9 +114,19 @@ class GuardedModel(models.Model):
         if stored is None:
             return  # no such row: save() inserts it
         for field in fields:
-            if field.to_python(getattr(self, field.attname)) != stored[field.attname]:
+            if _differs(field, getattr(self, field.attname), stored[field.attname]):
                 why = getattr(queryset, "why", GuardedQuerySet.why)
                 raise GuardedChange(f"{type(self).__name__}.{field.name} is never changed by save(): {why}")
+
+
+def _differs(field: models.Field[Any, Any], value: Any, stored: Any) -> bool:
+    """Would saving `value` change the stored value? An SQL expression (ClockTimestamp()...) always does."""
+    if hasattr(value, "resolve_expression"):
+        return True
+    try:
+        return bool(field.to_python(value) != stored)
+    except ValidationError:
+        return True  # not a value of the field: it could only be written as something else
 
 
 class StoredEventQuerySet(GuardedQuerySet["StoredEvent"]):

@@ -16,7 +16,7 @@ from artifacts.models import Artifact, CurrentTag, MoveRemoval, Revision
 from artifacts.redaction import redact_events
 from buzz.chat.channels import channel_edit
 from buzz.events.ingest import ingest
-from buzz.models import Channel, GuardedChange, Membership, StoredEvent
+from buzz.models import Channel, ClockTimestamp, GuardedChange, Membership, StoredEvent
 from buzz.runtime import runtime
 from tests.moderation.moderation_support import make_world
 from tests.support.factories import revision
@@ -150,6 +150,11 @@ def test_saving_an_instance_that_retires_a_head_or_changes_access_is_refused(wri
                 instance.save(**kwargs)
         assert _unchanged(model, instance.pk, **{field: before}), (model.__name__, field)
         setattr(instance, field, was)
+    # An SQL expression, as the services write the database's clock: a change too.
+    membership.removed_at = ClockTimestamp()
+    with pytest.raises(GuardedChange):
+        membership.save(update_fields=["removed_at"])
+    assert _unchanged(Membership, membership.pk, removed_at__isnull=True)
     with pytest.raises(GuardedChange):
         stored.delete()
     assert StoredEvent.objects.filter(pk=stored.pk).exists()
