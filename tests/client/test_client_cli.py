@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from hypothesis import given
+from hypothesis import strategies as st
 
 import artifacts.client
 from artifacts.client import Keys, derive_d, revision, set_digest
+from artifacts.client.cli import _safe
 from tests.client.client_support import NO_QUOTA, admit, make_channel, write_key
 from tests.client.fake_relay import FakeConnection, FakeRelay
 
@@ -356,3 +360,22 @@ async def test_untrusted_text_cannot_drive_the_terminal(tmp_path: Path) -> None:
         assert not any(ch in text for ch in "\x1b\x07\u009b\u202e"), repr(text)
     assert "\\u001b[2J" in out and "\\u202eevil" in out and "\\u009b31m" in out
     assert err2.startswith("error: restricted: \\u001b[2J") and err2.count("\n") == 1
+
+
+_TERMINAL_CONTROLS = frozenset(
+    [*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0)), "\u061c", "\u200e", "\u200f"]
+    + [chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+)
+
+
+@given(st.text(st.characters(exclude_categories=["Cs"])))
+def test_escaped_text_holds_no_terminal_control_and_reads_back(text: str) -> None:
+    """The text output's escaping (artifacts.client.cli._safe), for any text: no control or bidirectional
+    control is left, everything else is as it was, and each escape names the character it replaced."""
+    escaped = _safe(text)
+    assert not _TERMINAL_CONTROLS & set(escaped)
+    restored = re.sub(r"\\u([0-9a-f]{4})", lambda m: chr(int(m.group(1), 16)), escaped)
+    if "\\u" not in text:  # a literal backslash-u in the text itself reads back as it is, escaped or not
+        assert restored == text
+    if not _TERMINAL_CONTROLS & set(text):
+        assert escaped == text
