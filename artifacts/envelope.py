@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
-from buzz.nostr import Event, ProtocolError
+from buzz.nostr import Event, ProtocolError, utf8_size
 
 KIND_ARTIFACT: Final = 45010
 KIND_REMOVAL: Final = 45011
@@ -118,21 +118,17 @@ def _blank(title: str) -> bool:
     return all(_shows_nothing(ch) for ch in title)
 
 
-def _utf8_len(value: str) -> int:
-    return len(value) if value.isascii() else len(value.encode("utf-8"))
-
-
 def check_tag_limits(event: Event, limits: EnvelopeLimits = DEFAULT_LIMITS) -> None:
     if len(event.tags) > limits.max_tags:
         raise _bad(f"an artifact carries at most {limits.max_tags} tags")
     total = 0
     for tag in event.tags:
-        name_bytes = _utf8_len(tag[0])
+        name_bytes = utf8_size(tag[0])
         if name_bytes > limits.max_tag_name_bytes:
             raise _bad(f"tag names are at most {limits.max_tag_name_bytes} bytes")
         total += name_bytes
         for value in tag[1:]:
-            value_bytes = _utf8_len(value)
+            value_bytes = utf8_size(value)
             if value_bytes > limits.max_tag_value_bytes:
                 raise _bad(f"tag values are at most {limits.max_tag_value_bytes} bytes")
             total += value_bytes
@@ -163,7 +159,7 @@ def parse_envelope(event: Event, limits: EnvelopeLimits = DEFAULT_LIMITS) -> Env
     d = parse_uuid(found["d"], "d")
     h = parse_uuid(found["h"], "h")
     type_name = found["type"]
-    if _utf8_len(type_name) > limits.max_type_bytes:
+    if utf8_size(type_name) > limits.max_type_bytes:
         raise _bad(f"type is at most {limits.max_type_bytes} bytes")
     if not _TYPE.fullmatch(type_name):
         raise _bad("type must be dot-separated lowercase components, each starting with a letter")
@@ -179,7 +175,7 @@ def parse_envelope(event: Event, limits: EnvelopeLimits = DEFAULT_LIMITS) -> Env
             raise _bad("missing envelope tag title")
         if _blank(title):
             raise _bad("title must not be blank")
-        if _utf8_len(title) > limits.max_title_bytes:
+        if utf8_size(title) > limits.max_title_bytes:
             raise _bad(f"title is at most {limits.max_title_bytes} bytes")
     root = found.get("root")
     if root is not None and not _HEX64.fullmatch(root):

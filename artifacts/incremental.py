@@ -67,7 +67,7 @@ from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
 from buzz.identity.httpauth import BEARER_REFUSED, AuthFailure
 from buzz.identity.tokens import BEARER_LOOKUP, bearer_actor, bearer_lookup
-from buzz.nostr import strictjson
+from buzz.nostr import strictjson, utf8_size
 from buzz.runtime import pipeline, runtime
 from buzz.sqlarrays import UuidArray
 
@@ -1122,7 +1122,7 @@ def _page(actor: Actor, request: Request, run: Pass, rows: list[Any], n: int) ->
         _, src, _, chan, d, raw = row
         entry = _entry(src, chan, d, raw)
         if entry is not None:
-            grown = size + (len(entry) if entry.isascii() else len(entry.encode("utf-8"))) + 1
+            grown = size + utf8_size(entry) + 1
             if grown > bound:
                 if consumed == 0:
                     raise IncrementalError(

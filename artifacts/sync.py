@@ -53,9 +53,10 @@ from buzz.identity.actor import Actor
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
 from buzz.live.hub import Subscription as LiveSubscription
+from buzz.nostr import utf8_size
 from buzz.runtime import fetch_all, runtime
 from buzz.ws.host import Subscription, SubscriptionHost
-from buzz.ws.outbound import QueueFull, utf8_size
+from buzz.ws.outbound import QueueFull
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from .event import (
     compute_id,
     parse_and_verify,
     parse_event,
+    utf8_size,
     verify_event,
 )
 from .keys import Signer
@@ -43,6 +44,7 @@ __all__ = [
     "parse_and_verify",
     "parse_conditions",
     "parse_event",
+    "utf8_size",
     "verify_auth_event",
     "verify_event",
     "verify_http_auth",

@@ -107,6 +107,11 @@ class Event:
         return found[0][1] if len(found[0]) >= 2 else ""
 
 
+def utf8_size(text: str) -> int:
+    """The bytes `text` takes as UTF-8 (on the wire, or against a byte limit), without encoding an ASCII text."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 def _has_surrogate(text: str) -> bool:
     # A decoded JSON string may hold a lone surrogate ("\ud800"); it has no
     # UTF-8 form, so the event could never be hashed.
@@ -173,11 +178,13 @@ def parse_event(obj: object, *, max_tags: int | None = None, max_content_bytes: 
         raise ProtocolError("invalid: content must be a string")
     if _has_surrogate(content):
         raise ProtocolError("invalid: content contains an unpaired surrogate")
-    if max_content_bytes is not None and len(content) * 4 > max_content_bytes:
-        # n code points are at most 4n UTF-8 bytes: encode only when the limit could be exceeded.
-        size = len(content) if content.isascii() else len(content.encode("utf-8"))
-        if size > max_content_bytes:
-            raise ProtocolError(f"invalid: content too long (max {max_content_bytes} bytes)")
+    # n code points are at most 4n UTF-8 bytes: measure only when the limit could be exceeded.
+    if (
+        max_content_bytes is not None
+        and len(content) * 4 > max_content_bytes
+        and utf8_size(content) > max_content_bytes
+    ):
+        raise ProtocolError(f"invalid: content too long (max {max_content_bytes} bytes)")
 
     sig = obj["sig"]
     if type(sig) is not str or not _HEX128.fullmatch(sig):

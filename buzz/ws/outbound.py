@@ -25,6 +25,8 @@ import collections
 import contextlib
 from collections.abc import Awaitable, Callable
 
+from buzz.nostr import utf8_size
+
 # The most frames, and bytes, the writer hands the server in one send. The server takes a batch while the
 # transport is writable, so a batch is what may sit in the transport's buffer beyond its high-water mark:
 # 64 KiB, asyncio's default mark, keeps a slow reader's backlog near what one frame at a time allowed
@@ -38,11 +40,6 @@ NOTICE_SLACK_BYTES = 16 * 1024
 
 class QueueFull(Exception):
     """The queue is at its bound; nothing was queued."""
-
-
-def utf8_size(text: str) -> int:
-    """The bytes `text` takes on the wire (UTF-8), without encoding an ASCII text."""
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 class Outbound:
