@@ -1,16 +1,17 @@
 """The sync filter and NIP-AR's match rule.
 
-A filter is {"artifact": "current", "#h": [...], "#name": [...], ...}: #h is required
-(one or more channels), conditions on different names are ANDed, the values of one name
-are ORed, and an event matches a condition when one of its tags has that name and, as
-its FIRST value, one of the values (the tag name and its first value in the same tag).
+A filter is {"artifact": "current", "#h": [...], "#name": [...], ...}: a sync's #h is required
+(one or more channels), a current view's and an incremental read's is optional. Conditions
+on different names are ANDed, the values of one name are ORed, and an event matches a
+condition when one of its tags has that name and, as its FIRST value, one of the values
+(the tag name and its first value in the same tag).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from .events import Event
 
@@ -20,22 +21,22 @@ class FilterError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class SyncFilter:
-    channels: tuple[str, ...]
+class CurrentFilter:
+    """A current-view filter: #h optional (no channels: every channel the reader's scope covers)."""
+
+    channels: tuple[str, ...] = ()
     # (tag name, accepted values) for every name but h, in the order given.
     tags: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
     def of(
         cls,
-        channels: Sequence[str],
+        channels: Sequence[str] = (),
         *,
         types: Sequence[str] = (),
         tags: Mapping[str, Sequence[str]] | Iterable[tuple[str, str]] = (),
-    ) -> SyncFilter:
+    ) -> Self:
         """Build a filter. `tags` is {name: [values]} or (name, value) pairs; pairs with one name OR."""
-        if not channels:
-            raise FilterError("a sync filter needs #h with at least one channel")
         grouped: dict[str, list[str]] = {}
         if types:
             grouped["type"] = list(types)
@@ -57,17 +58,28 @@ class SyncFilter:
         return cls(tuple(dict.fromkeys(channels)), tuple((n, tuple(v)) for n, v in grouped.items()))
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"artifact": "current", "#h": list(self.channels)}
+        out: dict[str, Any] = {"artifact": "current"}
+        if self.channels:
+            out["#h"] = list(self.channels)
         for name, values in self.tags:
             out[f"#{name}"] = list(values)
         return out
 
     def predicates(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        return (("h", self.channels), *self.tags)
+        return (("h", self.channels), *self.tags) if self.channels else self.tags
 
     def matches(self, event: Event) -> bool:
         """The NIP-AR match rule over every predicate, #h included."""
         return all(_matches_one(event, name, values) for name, values in self.predicates())
+
+
+@dataclass(frozen=True, slots=True)
+class SyncFilter(CurrentFilter):
+    """A sync's filter: a current-view filter whose #h names one or more channels."""
+
+    def __post_init__(self) -> None:
+        if not self.channels:
+            raise FilterError("a sync filter needs #h with at least one channel")
 
 
 def _matches_one(event: Event, name: str, values: tuple[str, ...]) -> bool:
