@@ -1,4 +1,5 @@
-"""A reference NIP-AR client: exact sync, set digest, deterministic d, ensure, and a conformance kit.
+"""A reference NIP-AR client: exact sync, incremental reads, set digest, deterministic d, ensure, and a
+conformance kit.
 
 Pure Python on websockets and coincurve: it imports nothing from the relay, so it runs
 against any NIP-AR relay. `python -m artifacts.client --help` is its command line.
@@ -8,9 +9,21 @@ from .connection import AuthFailed, ConnectionLost, Ok, Relay, RelayError, Subsc
 from .digest import set_digest
 from .ensure import EnsureRejected, EnsureResult, Outcome, ensure
 from .events import Event, EventError, Keys
-from .filters import FilterError, SyncFilter
+from .filters import CurrentFilter, FilterError, SyncFilter
 from .httpapi import HttpError, Page, RelayUrl, nip98_header
 from .identity import derive_d
+from .incremental import (
+    Capability,
+    Entry,
+    IncrementalProtocolError,
+    IncrementalRefused,
+    IncrementalUnsupported,
+    Puller,
+    PullReport,
+    Store,
+    StoreMismatch,
+    incremental_capability,
+)
 from .revisions import KIND_ARTIFACT, KIND_REMOVAL, Head, next_revision, revision
 from .sync import (
     Backoff,
@@ -33,24 +46,34 @@ __all__ = [
     "KIND_REMOVAL",
     "AuthFailed",
     "Backoff",
+    "Capability",
     "Change",
     "ConnectionLost",
+    "CurrentFilter",
     "EnsureRejected",
     "EnsureResult",
+    "Entry",
     "Event",
     "EventError",
     "FetchedSet",
     "FilterError",
     "Head",
     "HttpError",
+    "IncrementalProtocolError",
+    "IncrementalRefused",
+    "IncrementalUnsupported",
     "Keys",
     "Ok",
     "Outcome",
     "Page",
+    "PullReport",
+    "Puller",
     "Relay",
     "RelayError",
     "RelayUrl",
     "Restarting",
+    "Store",
+    "StoreMismatch",
     "Subscription",
     "Sync",
     "SyncClosed",
@@ -63,6 +86,7 @@ __all__ = [
     "derive_d",
     "ensure",
     "fetch_set",
+    "incremental_capability",
     "next_revision",
     "nip98_header",
     "revision",

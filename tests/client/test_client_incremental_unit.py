@@ -1,0 +1,310 @@
+"""The incremental client's own logic, with the relay's answers scripted (no network): what it checks in an
+answer, what it applies and when it saves progress, its retries and its resets. The protocol against a real
+relay is tests/client/test_client_incremental_relay.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from artifacts.client import (
+    Capability,
+    CurrentFilter,
+    Event,
+    IncrementalProtocolError,
+    IncrementalRefused,
+    Keys,
+    Puller,
+    RelayUrl,
+    Store,
+    StoreMismatch,
+    revision,
+)
+
+URL = RelayUrl.parse("ws://relay.test:7777/")
+CAP = Capability(
+    page_rows=3,
+    current_rows=2,
+    response_bytes=8 << 20,
+    overlap_seconds=120,
+    checkpoint_lifetime_seconds=2592000,
+    permanent_channels_only=True,
+)
+KEYS = Keys.generate()
+H1, H2 = str(uuid.UUID(int=1, version=4)), str(uuid.UUID(int=2, version=4))
+QUERY = CurrentFilter.of(types=["buzz.task"])
+STARTED = "2026-12-07T00:00:00.000000Z"
+
+
+def art(n: int, h: str = H1, **kw: Any) -> Event:
+    return revision(
+        KEYS,
+        d=str(uuid.UUID(int=1000 + n, version=4)),
+        h=h,
+        type=kw.pop("type", "buzz.task"),
+        op=kw.pop("op", "create"),
+        title=f"t{n}",
+        content={"n": n},
+        **kw,
+    )
+
+
+def upsert(event: Event) -> dict[str, Any]:
+    return {"type": "upsert", "artifactId": event.first("d"), "event": event.to_dict()}
+
+
+def page(changes: list[dict[str, Any]], *, cursor: str | None = None, checkpoint: str = "cp") -> dict[str, Any]:
+    body: dict[str, Any] = {"version": 1, "startedAt": STARTED, "overlapSeconds": 120, "changes": changes}
+    body["nextCursor"] = cursor
+    if cursor is None:
+        body["checkpoint"] = checkpoint
+    return body
+
+
+class Script:
+    """The relay's answers, in order; records each request."""
+
+    def __init__(self, answers: Sequence[tuple[int, Any]]) -> None:
+        self.answers = list(answers)
+        self.requests: list[dict[str, Any]] = []
+
+    async def __call__(self, payload: dict[str, Any]) -> tuple[int, Any]:
+        self.requests.append(payload)
+        return self.answers.pop(0)
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+def puller(store: Store, script: Script, sleeps: Sleeps | None = None, **kw: Any) -> Puller:
+    return Puller(URL, KEYS, QUERY, store, post=script, capability=CAP, sleep=sleeps or Sleeps(), rng=lambda: 0.5, **kw)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "s.db", relay=URL, pubkey=KEYS.pubkey, query=QUERY)
+
+
+async def test_a_pass_follows_cursors_and_saves_the_checkpoint_with_the_final_page(store: Store) -> None:
+    a, b, c = art(1), art(2), art(3)
+    script = Script([(200, page([upsert(a), upsert(b)], cursor="c1")), (200, page([upsert(c)], checkpoint="cp1"))])
+    report = await puller(store, script).pull()
+    assert (report.kind, report.pages, report.upserts, report.held) == ("initial", 2, 3, 3)
+    assert store.checkpoint == "cp1"
+    assert [r.get("cursor") for r in script.requests] == [None, "c1"]
+    assert "checkpoint" not in script.requests[0] and script.requests[0]["query"] == QUERY.to_json()
+    # The next pull starts from the checkpoint, and applies removals only where told.
+    script = Script([(200, page([{"type": "remove", "artifactId": a.first("d")}], checkpoint="cp2"))])
+    report = await puller(store, script).pull()
+    assert report.kind == "later" and script.requests[0]["checkpoint"] == "cp1"
+    assert store.heads() == {b.first("d"): b.id, c.first("d"): c.id} and store.checkpoint == "cp2"
+
+
+async def test_a_failed_pass_keeps_the_prior_checkpoint(store: Store) -> None:
+    a, b = art(1), art(2)
+    await puller(store, Script([(200, page([upsert(a)], checkpoint="cp1"))])).pull()
+    script = Script(
+        [
+            (200, page([upsert(b)], cursor="c1")),
+            (400, {"error": "incremental_invalid", "reason": None, "message": "bad cursor"}),
+        ]
+    )
+    with pytest.raises(IncrementalRefused) as refused:
+        await puller(store, script).pull()
+    assert (refused.value.status, refused.value.code) == (400, "incremental_invalid")
+    assert store.checkpoint == "cp1"
+    # The first page was applied (a replay of it is idempotent); progress did not advance.
+    assert set(store.heads()) == {a.first("d"), b.first("d")}
+
+
+def _bad_pages() -> list[tuple[str, list[tuple[int, Any]]]]:
+    good = art(1)
+    other = Keys.generate()
+    forged = dict(upsert(good), event={**good.to_dict(), "sig": other.sign(1, [], "").sig})
+    wrong_d = dict(upsert(good), artifactId=str(uuid.uuid4()))
+    note = art(2, type="buzz.note")
+    deletion = art(3, op="delete")
+    kind1 = other.sign(1, [["d", str(uuid.uuid4())], ["h", H1], ["type", "buzz.task"]], "")
+    shifted = page([], cursor="c1")
+    late = dict(page([]), startedAt="2026-12-07T00:00:01.000000Z")
+    return [
+        ("a forged signature", [(200, page([forged]))]),
+        ("an artifactId that is not the event's d", [(200, page([wrong_d]))]),
+        ("an event outside the query", [(200, page([upsert(note)]))]),
+        ("a deletion as an upsert", [(200, page([upsert(deletion)]))]),
+        (
+            "an event of another kind",
+            [(200, page([{"type": "upsert", "artifactId": kind1.first("d"), "event": kind1.to_dict()}]))],
+        ),
+        ("an unknown change type", [(200, page([{"type": "gone", "artifactId": good.first("d")}]))]),
+        ("another version", [(200, dict(page([upsert(good)]), version=2))]),
+        ("another overlap", [(200, dict(page([upsert(good)]), overlapSeconds=60))]),
+        ("no checkpoint on the final page", [(200, {k: v for k, v in page([]).items() if k != "checkpoint"})]),
+        ("a checkpoint before the final page", [(200, dict(page([], cursor="c1"), checkpoint="early"))]),
+        ("more changes than pageRows", [(200, page([upsert(art(n)) for n in range(4)]))]),
+        ("startedAt changing within a pass", [(200, shifted), (200, late)]),
+        ("not an object", [(200, ["not", "a", "page"])]),
+    ]
+
+
+BAD_PAGES = _bad_pages()
+
+
+@pytest.mark.parametrize(("case", "answers"), BAD_PAGES, ids=[c for c, _ in BAD_PAGES])
+async def test_an_answer_the_spec_does_not_allow_applies_nothing(
+    store: Store, case: str, answers: list[tuple[int, Any]]
+) -> None:
+    kept = art(9)
+    await puller(store, Script([(200, page([upsert(kept)], checkpoint="cp0"))])).pull()
+    with pytest.raises(IncrementalProtocolError):
+        await puller(store, Script(answers)).pull()
+    assert store.heads() == {kept.first("d"): kept.id}
+    assert store.checkpoint == "cp0"
+
+
+async def test_a_current_id_answer_is_one_change_per_id_in_order(store: Store) -> None:
+    a, b = art(1), art(2)
+    ids = [a.first("d") or "", b.first("d") or ""]
+    current = {"version": 1, "startedAt": STARTED}
+    swapped = Script([(200, {**current, "changes": [upsert(b), upsert(a)]})])
+    with pytest.raises(IncrementalProtocolError):
+        await puller(store, swapped).confirm(ids)
+    short = Script([(200, {**current, "changes": [upsert(a)]})])
+    with pytest.raises(IncrementalProtocolError):
+        await puller(store, short).confirm(ids)
+    assert store.heads() == {}
+    # currentRows is 2 here: three ids are two batches.
+    c = art(3)
+    script = Script(
+        [
+            (200, {**current, "changes": [upsert(a), {"type": "remove", "artifactId": ids[1]}]}),
+            (200, {**current, "changes": [upsert(c)]}),
+        ]
+    )
+    answer = await puller(store, script).confirm([*ids, c.first("d") or "", ids[0]])
+    assert [len(r["artifactIds"]) for r in script.requests] == [2, 1]
+    assert [(e.type, e.id) for e in answer] == [("upsert", ids[0]), ("remove", ids[1]), ("upsert", c.first("d"))]
+    assert store.heads() == {ids[0]: a.id, c.first("d"): c.id}
+
+
+async def test_unavailable_is_retried_with_backoff_then_given_up(store: Store) -> None:
+    busy = (503, {"error": "incremental_unavailable", "reason": "busy", "message": "busy"})
+    sleeps = Sleeps()
+    script = Script([busy, busy, (200, page([upsert(art(1))], checkpoint="cp1"))])
+    report = await puller(store, script, sleeps).pull()
+    assert (report.retries, store.checkpoint) == (2, "cp1")
+    assert sleeps.delays == [0.25, 0.5]  # full jitter at 0.5 of a ceiling that doubles from 0.5 s
+    with pytest.raises(IncrementalRefused) as refused:
+        await puller(store, Script([busy] * 3), attempts=3).pull()
+    assert refused.value.status == 503 and store.checkpoint == "cp1"
+
+
+async def test_a_reset_drops_the_checkpoint_and_recovers_by_revalidation(store: Store) -> None:
+    a, b, c = art(1), art(2, h=H2), art(3)
+    await puller(store, Script([(200, page([upsert(a), upsert(b)], checkpoint="cp1"))])).pull()
+    current = {"version": 1, "startedAt": STARTED}
+    script = Script(
+        [
+            (409, {"error": "incremental_reset", "reason": "policy_changed", "message": "policy changed"}),
+            (200, page([upsert(a), upsert(c)], checkpoint="cp2")),  # the new initial read
+            (200, {**current, "changes": [{"type": "remove", "artifactId": b.first("d")}]}),  # b only: a was read
+        ]
+    )
+    report = await puller(store, script).pull()
+    assert (report.kind, report.resets, report.revalidated) == ("initial", ["policy_changed"], 1)
+    assert "checkpoint" not in script.requests[1] and script.requests[2]["artifactIds"] == [b.first("d")]
+    assert store.heads() == {a.first("d"): a.id, c.first("d"): c.id} and store.checkpoint == "cp2"
+
+
+async def test_resets_without_end_stop_the_pull(store: Store) -> None:
+    reset = (409, {"error": "incremental_reset", "reason": "checkpoint_expired", "message": "old"})
+    await puller(store, Script([(200, page([upsert(art(1))], checkpoint="cp1"))])).pull()
+    with pytest.raises(IncrementalRefused) as refused:
+        await puller(store, Script([reset] * 3), max_resets=2).pull()
+    assert refused.value.code == "incremental_reset"
+    assert store.checkpoint is None  # spent: the next pull is the recovery
+
+
+def test_a_store_is_bound_to_its_relay_reader_and_query(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    Store(path, relay=URL, pubkey=KEYS.pubkey, query=QUERY).close()
+    others: list[tuple[dict[str, Any], str]] = [
+        ({"query": CurrentFilter.of(types=["buzz.note"])}, "query"),
+        ({"pubkey": Keys.generate().pubkey}, "pubkey"),
+        ({"relay": RelayUrl.parse("ws://elsewhere.test/")}, "relay"),
+    ]
+    for kw, what in others:
+        args: dict[str, Any] = {"relay": URL, "pubkey": KEYS.pubkey, "query": QUERY, **kw}
+        with pytest.raises(StoreMismatch, match=f"another {what}"):
+            Store(path, **args)
+    Store(path, relay=URL, pubkey=KEYS.pubkey, query=CurrentFilter.of(types=["buzz.task"])).close()
+
+
+# A property over the store: whatever the relay says, in whatever order, the store ends as a model that
+# applies the three change types literally; nothing else ever removes a row.
+EVENTS = [art(n, h=H1 if n % 2 else H2) for n in range(6)]
+_change = st.one_of(
+    st.sampled_from(EVENTS).map(upsert),
+    st.sampled_from(EVENTS).map(lambda e: {"type": "remove", "artifactId": e.first("d")}),
+    st.sampled_from([H1, H2]).map(lambda h: {"type": "removeChannel", "channelId": h}),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(passes=st.lists(st.lists(_change, max_size=7), min_size=1, max_size=4))
+async def test_the_store_applies_exactly_what_it_is_told(passes: list[list[dict[str, Any]]]) -> None:
+    store = Store(":memory:", relay=URL, pubkey=KEYS.pubkey, query=QUERY)
+    model: dict[str, tuple[str, str]] = {}  # d -> (head id, home)
+    for n, changes in enumerate(passes):
+        pages = [changes[i : i + 3] for i in range(0, len(changes), 3)] or [[]]
+        answers = [(200, page(p, cursor=f"c{n}.{i}" if i < len(pages) - 1 else None)) for i, p in enumerate(pages)]
+        await puller(store, Script(answers)).pull()
+        for change in changes:
+            if change["type"] == "upsert":
+                event = change["event"]
+                model[change["artifactId"]] = (event["id"], next(t[1] for t in event["tags"] if t[0] == "h"))
+            elif change["type"] == "remove":
+                model.pop(change["artifactId"], None)
+            else:
+                model = {d: v for d, v in model.items() if v[1] != change["channelId"]}
+        assert store.heads() == {d: v[0] for d, v in model.items()}
+    store.close()
+
+
+async def test_a_current_id_read_waits_for_the_running_pass_and_its_commits(store: Store) -> None:
+    a = art(1)
+    gate = asyncio.Event()
+    order: list[str] = []
+
+    async def relay(payload: dict[str, Any]) -> tuple[int, Any]:
+        if payload.get("action") == "current":
+            order.append(f"current, checkpoint {store.checkpoint}")
+            return 200, {"version": 1, "startedAt": STARTED, "changes": [upsert(a)]}
+        if "cursor" not in payload:
+            order.append("page 1")
+            await gate.wait()  # the pass is held open here
+            return 200, page([], cursor="c1")
+        order.append("page 2")
+        return 200, page([upsert(a)], checkpoint="cp1")
+
+    client = Puller(URL, KEYS, QUERY, store, post=relay, capability=CAP)
+    pulling = asyncio.create_task(client.pull())
+    await asyncio.sleep(0.01)
+    confirming = asyncio.create_task(client.confirm([a.first("d") or ""]))
+    await asyncio.sleep(0.01)
+    assert order == ["page 1"] and not confirming.done()
+    gate.set()
+    await asyncio.gather(pulling, confirming)
+    assert order == ["page 1", "page 2", "current, checkpoint cp1"]
