@@ -1,4 +1,4 @@
-"""`python -m artifacts.client`: derive-d, sync, ensure, head, digest and conformance.
+"""`python -m artifacts.client`: derive-d, sync, pull, ensure, head, digest and conformance.
 
 Secrets come from key files only (one hex secret key per file), never from the command
 line. Errors are one line on stderr: `error: ...`, exit status 1 (2 for a usage error,
@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import re
+import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NoReturn, TextIO
@@ -21,9 +22,10 @@ from .connection import Relay, RelayError
 from .digest import set_digest
 from .ensure import EnsureRejected, Outcome, ensure
 from .events import Event, Keys
-from .filters import FilterError, SyncFilter
+from .filters import CurrentFilter, FilterError, SyncFilter
 from .httpapi import HttpError, RelayUrl, RelayUrlError
 from .identity import derive_d
+from .incremental import MAX_ID_BYTES, Puller, PullReport, Store, StoreMismatch
 from .sync import Change, Restarting, Sync, Synced
 
 EXIT_ERROR = 1
@@ -66,6 +68,12 @@ def _tag(value: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"{value!r} is not NAME=VALUE")
     return name, tag_value
+
+
+def _known_id(value: str) -> str:
+    if not value or len(value.encode("utf-8")) > MAX_ID_BYTES:
+        raise argparse.ArgumentTypeError(f"an artifact id is 1 to {MAX_ID_BYTES} UTF-8 bytes")
+    return value
 
 
 def _relay(value: str) -> RelayUrl:
@@ -180,6 +188,70 @@ async def cmd_sync(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else plural or word + 's'}"
+
+
+def _report_line(report: PullReport) -> str:
+    what = "initial read" if report.kind == "initial" else "later read"
+    if report.resets:
+        what += f" after a reset ({', '.join(_safe(r) for r in report.resets)})"
+    line = (
+        f"pulled: {what}, {_count(report.pages, 'page')}: {_count(report.upserts, 'upsert')},"
+        f" {_count(report.removes, 'remove')}, {_count(report.channel_removals, 'channel removal')}"
+    )
+    if report.revalidated:
+        line += f"; {_count(report.revalidated, 'saved row')} revalidated"
+    return line + f"; {_count(report.held, 'artifact')} held, checkpoint saved"
+
+
+async def cmd_pull(args: argparse.Namespace, out: TextIO) -> int:
+    keys = _keys(args.key_file)
+    try:
+        query = CurrentFilter.of(args.channel or (), types=args.type or (), tags=args.tag or ())
+        store = Store(args.store, relay=args.relay, pubkey=keys.pubkey, query=query)
+    except (FilterError, StoreMismatch, sqlite3.Error) as err:
+        raise CliError(str(err)) from None
+    try:
+        if args.recover:
+            store.drop_checkpoint()
+        puller = Puller(args.relay, keys, query, store, attempts=args.attempts)
+        report = await puller.pull()
+        confirmed = await puller.confirm(args.confirm) if args.confirm else []
+        rows = store.rows() if args.list else {}
+        report.held = len(store)
+    finally:
+        store.close()
+    if args.json:
+        body: dict[str, Any] = {
+            "pass": report.kind,
+            "resets": report.resets,
+            "pages": report.pages,
+            "upserts": report.upserts,
+            "removes": report.removes,
+            "removeChannels": report.channel_removals,
+            "revalidated": report.revalidated,
+            "retries": report.retries,
+            "held": report.held,
+        }
+        if args.confirm:
+            body["confirmed"] = [
+                {"artifactId": c.id, "type": c.type, **({"event": c.event.to_dict()} if c.event else {})}
+                for c in confirmed
+            ]
+        if args.list:
+            body["artifacts"] = [rows[d].to_dict() for d in sorted(rows)]
+        _json_line(body, out)
+        return 0
+    for d in sorted(rows):
+        out.write(_line(rows[d]) + "\n")
+    for change in confirmed:
+        what = _line(change.event) if change.event is not None else _safe(change.id)
+        out.write(f"confirmed {change.type} {what}\n")
+    out.write(_report_line(report) + "\n")
+    return 0
+
+
 async def cmd_ensure(args: argparse.Namespace, out: TextIO) -> int:
     keys = _keys(args.key_file)
     try:
@@ -277,7 +349,8 @@ async def cmd_conformance(args: argparse.Namespace, out: TextIO) -> int:
 def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="python -m artifacts.client",
-        description="A NIP-AR client: deterministic d, exact sync, ensure, head lookup, set digest, conformance.",
+        description="A NIP-AR client: deterministic d, exact sync, incremental pull, ensure, head lookup, set digest,"
+        " conformance.",
     )
     commands = top.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
@@ -329,6 +402,56 @@ def parser() -> argparse.ArgumentParser:
         default=5,
         metavar="N",
         help="without --follow, give up after N failed syncs in a row (default 5)",
+    )
+
+    p = commands.add_parser(
+        "pull",
+        help="bring a local store up to date with incremental reads (signed POST /query)",
+        description="NIP-AR incremental reads into a local SQLite store: the first pull is an initial read,"
+        " each later one reads the changes since the saved checkpoint. After a reset (HTTP 409, the access"
+        " policy changed or the checkpoint expired) it runs a new initial read and revalidates the saved"
+        " rows. Rows go only when the relay says so. Prints a summary line; --list also prints the saved"
+        " artifacts (d, head id, type, title). The store is bound to the relay, the key and the query.",
+    )
+    relay_args(p)
+    p.add_argument("--store", required=True, metavar="FILE", help="the local store (SQLite; created if missing)")
+    p.add_argument(
+        "--channel",
+        action="append",
+        type=_channel,
+        metavar="H",
+        help="only this channel (#h; repeatable): needed for an unlisted open channel this key has not joined",
+    )
+    p.add_argument("--type", action="append", type=_type, metavar="T", help="only this type; repeat to OR types")
+    p.add_argument(
+        "--tag",
+        action="append",
+        type=_tag,
+        metavar="NAME=VALUE",
+        help="only artifacts with a tag NAME whose first value is VALUE; one NAME repeated ORs"
+        " its values, different NAMEs AND",
+    )
+    p.add_argument(
+        "--confirm",
+        action="append",
+        type=_known_id,
+        metavar="D",
+        help="after the pull, read this artifact's current state on the writer and save it (a current-ID read;"
+        " what a live revision push asks for); repeatable",
+    )
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="drop the saved checkpoint first: a new initial read that revalidates every saved row",
+    )
+    p.add_argument("--list", action="store_true", help="also print the saved artifacts")
+    p.add_argument("--json", action="store_true", help="print the summary (and --list's events) as one JSON object")
+    p.add_argument(
+        "--attempts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="tries per request while the relay answers 503 or can't be reached (default 5)",
     )
 
     p = commands.add_parser(
@@ -408,7 +531,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return cmd_derive_d(args, stream)
         if args.command == "digest":
             return cmd_digest(args, stream)
-        runner = {"sync": cmd_sync, "ensure": cmd_ensure, "head": cmd_head, "conformance": cmd_conformance}
+        runner = {
+            "sync": cmd_sync,
+            "pull": cmd_pull,
+            "ensure": cmd_ensure,
+            "head": cmd_head,
+            "conformance": cmd_conformance,
+        }
         return asyncio.run(runner[args.command](args, stream))
     except (CliError, RelayError, HttpError, EnsureRejected) as err:
         reason = getattr(err, "reason", None) or str(err)

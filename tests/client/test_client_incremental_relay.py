@@ -7,10 +7,16 @@
 * writes between the pages of a pass are in the store after the next pass;
 * preferences survive their row's removal;
 * a current-ID read whose answer passes the response bound is split and still answers every id;
+* the CLI: an initial then a later pull, --list, --confirm, a store bound to another query, and a relay
+  that does not advertise incremental reads.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +39,7 @@ from artifacts.client import (
 from buzz.chat import channels
 from tests.client.client_support import NO_QUOTA, ClientWorld, admit, make_channel
 
+BASE_DIR = Path(__file__).resolve().parents[2]
 TYPE = "buzz.task"
 ENABLED = {
     **NO_QUOTA,
@@ -203,3 +210,69 @@ async def test_a_current_id_batch_over_the_response_bound_is_split(
         await puller.pull()
         assert store.heads() == heads(made)
     store.close()
+
+
+async def _cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "artifacts.client",
+        *args,
+        cwd=BASE_DIR,
+        env=dict(os.environ),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_pull_command(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
+    relay = relay_factory(**ENABLED)
+    world = await sync_to_async(admit)(relay, tmp_path)
+    base = ["--relay", world.url, "--key-file", str(world.key_files[1]), "--store", str(tmp_path / "s.db")]
+    pull = ["pull", *base, "--type", TYPE]
+    async with Relay.connect(world.url, world.a) as a:
+        made = [await publish(a, task(world.a, world.channel, n)) for n in range(4)]
+        code, out, err = await _cli(*pull, "--list")
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        assert lines[-1] == (
+            "pulled: initial read, 2 pages: 4 upserts, 0 removes, 0 channel removals; 4 artifacts held,"
+            " checkpoint saved"
+        )
+        by_d = sorted(made, key=lambda e: e.first("d") or "")
+        assert lines[:-1] == [f'{e.first("d")} {e.id} {TYPE} "{e.first("title")}"' for e in by_d]
+
+        updated = await publish(a, next_revision(world.a, made[0], "update", content={"n": 7}))
+        code, out, err = await _cli(*pull, "--json", "--confirm", made[1].first("d") or "")
+        assert (code, err) == (0, "")
+        body = json.loads(out)
+        # The window starts 120 s before the last pass: the recent creates and B's grant replay too.
+        assert (body["pass"], body["held"], body["resets"]) == ("later", 4, [])
+        assert body["upserts"] >= 1
+        assert body["confirmed"] == [{"artifactId": made[1].first("d"), "type": "upsert", "event": made[1].to_dict()}]
+        saved = store_of(world, tmp_path / "s.db", CurrentFilter.of(types=[TYPE]))
+        assert saved.heads()[updated.first("d") or ""] == updated.id
+        saved.close()
+
+        code, out, err = await _cli(*pull, "--recover")
+        assert (code, err) == (0, "")
+        assert out.startswith("pulled: initial read, 2 pages: 4 upserts") and "revalidated" not in out
+
+        code, out, err = await _cli("pull", *base, "--type", "buzz.note")
+        assert (code, out) == (1, "")
+        assert err.startswith("error: ") and "holds the rows of another query" in err
+
+    plain = relay_factory(**NO_QUOTA)
+    (tmp_path / "plain").mkdir()
+    other = await sync_to_async(admit)(plain, tmp_path / "plain")
+    code, out, err = await _cli(
+        "pull", "--relay", other.url, "--key-file", str(other.key_files[1]), "--store", str(tmp_path / "p.db")
+    )
+    assert (code, out) == (1, "")
+    assert err == (
+        "error: unsupported: the relay does not advertise NIP-AR incremental reads"
+        " (NIP-11 artifacts.incremental version 1)\n"
+    )
