@@ -10,7 +10,7 @@ from .digest import set_digest
 from .ensure import EnsureRejected, EnsureResult, Outcome, ensure
 from .events import Event, EventError, Keys
 from .filters import CurrentFilter, FilterError, SyncFilter
-from .httpapi import HttpError, Page, RelayUrl, nip98_header
+from .httpapi import HeadUnsupported, HttpError, Page, RelayUrl, nip98_header
 from .identity import derive_d
 from .incremental import (
     Capability,
@@ -58,6 +58,7 @@ __all__ = [
     "FetchedSet",
     "FilterError",
     "Head",
+    "HeadUnsupported",
     "HttpError",
     "IncrementalProtocolError",
     "IncrementalRefused",

@@ -23,7 +23,7 @@ from .digest import set_digest
 from .ensure import EnsureRejected, Outcome, ensure
 from .events import Event, Keys
 from .filters import CurrentFilter, FilterError, SyncFilter
-from .httpapi import HttpError, RelayUrl, RelayUrlError
+from .httpapi import HeadUnsupported, HttpError, RelayUrl, RelayUrlError
 from .identity import derive_d
 from .incremental import MAX_ID_BYTES, Puller, PullReport, Store, StoreMismatch
 from .sync import Change, Restarting, Sync, Synced
@@ -279,6 +279,7 @@ async def cmd_ensure(args: argparse.Namespace, out: TextIO) -> int:
 
 async def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
     keys = _keys(args.key_file)
+    await httpapi.head_capability(args.relay)
     heads = await httpapi.head(args.relay, keys, list(args.d), channels=args.channel)
     missing = [d for d in args.d if d not in heads]
     for d in args.d:
@@ -539,7 +540,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             "conformance": cmd_conformance,
         }
         return asyncio.run(runner[args.command](args, stream))
-    except (CliError, RelayError, HttpError, EnsureRejected) as err:
+    except (CliError, RelayError, HttpError, HeadUnsupported, EnsureRejected) as err:
         reason = getattr(err, "reason", None) or str(err)
         sys.stderr.write(f"error: {_safe(reason.removeprefix('error: '))}\n")
         return EXIT_ERROR

@@ -108,6 +108,7 @@ class Relay:
         self._challenge_seen = asyncio.Event()
         self._oks: dict[str, list[asyncio.Future[Ok]]] = {}
         self._subs: dict[str, Subscription] = {}
+        self._head_advertised = False  # NIP-11 lists the head view (read before this connection's first head)
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -309,6 +310,11 @@ class Relay:
     async def head(
         self, ds: Sequence[str], *, channels: Sequence[str] | None = None, timeout: float = httpapi.DEFAULT_TIMEOUT
     ) -> dict[str, Event]:
+        """The head view (httpapi.head), once the relay's NIP-11 document has shown that it serves one:
+        httpapi.HeadUnsupported otherwise."""
+        if not self._head_advertised:
+            await httpapi.head_capability(self.url, timeout=timeout)
+            self._head_advertised = True
         chosen = list(channels) if channels is not None else None
         return await httpapi.head(self.url, self._keys(), list(ds), channels=chosen, timeout=timeout)
 

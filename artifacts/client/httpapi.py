@@ -187,6 +187,25 @@ async def query(url: RelayUrl, keys: Keys, flt: dict[str, Any], *, timeout: floa
     return out
 
 
+class HeadUnsupported(Exception):
+    """The relay's NIP-11 document does not list the head view in `artifacts.modes`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def head_capability(url: RelayUrl, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Raise HeadUnsupported unless the relay advertises the head view (NIP-11 `artifacts.modes` lists
+    "head"). NIP-AR: relays advertise head only when every backend that can serve the connection runs it;
+    a relay that does not may answer a head filter as something else, or refuse it on one backend only."""
+    doc = await information(url, timeout=timeout)
+    section = doc.get("artifacts")
+    modes = section.get("modes") if isinstance(section, dict) else None
+    if not isinstance(modes, list) or "head" not in modes:
+        raise HeadUnsupported("unsupported: the relay does not advertise the NIP-AR head view (NIP-11 artifacts.modes)")
+
+
 async def head(
     url: RelayUrl,
     keys: Keys,
@@ -198,7 +217,7 @@ async def head(
     """The head view: {d: current revision, deletions included} for the named d the reader can read. Without
     `channels` it covers the channels a read without #h covers (joined or listed); `channels` names them
     (#h), which an unlisted open channel needs from a reader who has not joined it. A channel the reader
-    can't read is an HttpError (restricted:)."""
+    can't read is an HttpError (restricted:). It reads what it is sent: check `head_capability` first."""
     flt: dict[str, Any] = {"artifact": "head", "#d": ds}
     if channels is not None:
         flt["#h"] = channels

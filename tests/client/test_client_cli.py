@@ -1,6 +1,7 @@
 """`python -m artifacts.client`, run as a subprocess: --help on each command, one-line errors, derive-d and
 digest against the published vectors, ensure and head against a real relay, sync against the scripted
-fake relay (the real relay's sync lands separately).
+fake relay, and no head read where NIP-11 does not advertise the head view. `pull` against a real relay is
+in test_client_incremental_relay.py.
 """
 
 from __future__ import annotations
@@ -13,19 +14,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from asgiref.sync import sync_to_async
 from hypothesis import given
 from hypothesis import strategies as st
 
 import artifacts.client
-from artifacts.client import Keys, derive_d, revision, set_digest
+from artifacts.client import Keys, Relay, derive_d, revision, set_digest
 from artifacts.client.cli import _safe
+from artifacts.client.httpapi import HeadUnsupported
 from tests.client.client_support import NO_QUOTA, admit, make_channel, write_key
 from tests.client.fake_relay import FakeConnection, FakeRelay
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 VECTORS = Path(artifacts.client.__file__).parent / "vectors"
-COMMANDS = ["derive-d", "sync", "ensure", "head", "digest", "conformance"]
+COMMANDS = ["derive-d", "sync", "pull", "ensure", "head", "digest", "conformance"]
 H = "11111111-1111-4111-8111-111111111111"
 H_LETTERS = "9b353519-f4fe-4757-aef4-bec6cc0ae54c"
 
@@ -54,7 +57,7 @@ async def test_help_on_each_command_and_no_secret_options() -> None:
         assert code == 0 and out.startswith(f"usage: python -m artifacts.client {command}"), (command, out)
         # A secret comes from a key file only.
         assert "--secret" not in out and "--nsec" not in out and "--private" not in out, command
-        if command in ("sync", "ensure", "head", "conformance"):
+        if command in ("sync", "pull", "ensure", "head", "conformance"):
             assert "--key-file FILE" in out and "--relay URL" in out, command
 
 
@@ -80,7 +83,7 @@ async def test_errors_are_one_line(tmp_path: Path) -> None:
         (
             ["head", "--relay", "ws://127.0.0.1:9/", "--key-file", str(key), "--d", H],
             1,
-            "error: could not reach http://127.0.0.1:9/query",
+            "error: could not reach http://127.0.0.1:9/: ",  # the NIP-11 read, before any head read
         ),
         (
             [
@@ -379,3 +382,22 @@ def test_escaped_text_holds_no_terminal_control_and_reads_back(text: str) -> Non
         assert restored == text
     if not _TERMINAL_CONTROLS & set(text):
         assert escaped == text
+
+
+async def test_no_head_read_goes_to_a_relay_that_does_not_advertise_the_head_view(tmp_path: Path) -> None:
+    """NIP-AR: relays advertise head only when every backend that can serve the connection runs it."""
+    key = write_key(tmp_path / "k.hex", Keys.generate())
+    d = "22222222-2222-4222-8222-222222222222"
+
+    async def script(conn: FakeConnection) -> None:
+        await conn.auth()
+
+    nip11 = {"artifacts": {"modes": ["current", "history"]}}
+    async with FakeRelay(script, nip11=nip11) as relay:
+        code, out, err = await cli("head", "--relay", relay.url, "--key-file", str(key), "--d", d)
+        assert (code, out) == (1, "")
+        assert err == "error: unsupported: the relay does not advertise the NIP-AR head view (NIP-11 artifacts.modes)\n"
+        async with Relay.connect(relay.url, Keys.generate()) as client:
+            with pytest.raises(HeadUnsupported, match=r"^unsupported: "):
+                await client.head([d])
+        assert relay.nip11_reads == 2
