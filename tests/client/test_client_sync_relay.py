@@ -1,12 +1,6 @@
-"""The client's Sync against real relay processes. PENDING: these need the relay's WebSocket sync.
-
-Kept outside the repository until sync is merged (/work/notes/); then:
-
-    cp /work/notes/issue13_test_client_sync_relay.py tests/client/test_client_sync_relay.py
-    pytest tests/client/test_client_sync_relay.py
-
-Until the relay's NIP-11 advertises artifacts.sync the module refuses to load, so a run
-fails loudly instead of skipping.
+"""The client's Sync against real relay processes (the relay's WebSocket sync). If the relay's NIP-11
+stopped advertising artifacts.sync the module would refuse to load, so a run fails loudly instead of
+skipping.
 
 * resync on CLIENT KILL of the relay's hub connection: the Sync gets CLOSED "resync:"
   (rule 5), starts over and ends with the same set as a fresh fetch_set;
