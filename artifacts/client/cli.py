@@ -507,8 +507,9 @@ def parser() -> argparse.ArgumentParser:
         "conformance",
         help="run the black-box NIP-AR conformance suite against a relay",
         description="Runs NIP-AR checks against any relay: envelope rules, compare-and-set, moves and 45011,"
-        " delete and restore, the views and their limits, sync rules, head lookup and ensure. Key A creates"
-        " channels and adds key B to them (NIP-29 kind 9000); key C, if given, stays outside them. Checks"
+        " delete and restore, the views and their limits, sync rules, incremental reads, head lookup and"
+        " ensure. Key A creates channels and adds key B to them (NIP-29 kind 9000); key C, if given, stays"
+        " outside them. Checks"
         " of what the relay's NIP-11 does not advertise are skipped, saying so. The last line is"
         " 'N passed, N failed'; the exit status is 1 on any failure.",
     )

@@ -1,7 +1,7 @@
 """`python -m artifacts.client conformance` against real relay processes.
 
-* This relay passes every check, sync included, and skips none (it advertises everything the
-  suite checks). The relay runs with its default write
+* This relay passes every check, sync and incremental reads included, and skips none (with incremental
+  reads on, it advertises everything the suite checks). The relay runs with its default write
   quota: the suite paces itself to the quota NIP-11 advertises.
 * A deliberately broken build (tests/client/broken_relay.py: the head view drops the last
   event of a multi-d answer) fails exactly the head-view rule, named, and exits non-zero.
@@ -54,9 +54,17 @@ def verdicts(lines: list[str], verdict: str) -> list[str]:
     return [line.removeprefix(verdict + " ") for line in lines if line.startswith(verdict + " ")]
 
 
+# Incremental reads are off by default; on here, with pages of two rows, so their checks run and page.
+INCREMENTAL = {
+    "BUZZ_ARTIFACT_INCREMENTAL_ENABLED": "1",
+    "BUZZ_INCREMENTAL_SIGNING_KEY": "conformance-test-" + "s" * 40,
+    "BUZZ_INCREMENTAL_PAGE_ROWS": "2",
+}
+
+
 @pytest.mark.slow
 async def test_this_relay_passes_what_it_advertises(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
-    world = await sync_to_async(admit)(relay_factory(), tmp_path)
+    world = await sync_to_async(admit)(relay_factory(**INCREMENTAL), tmp_path)
     code, lines = await conformance(world)
     report = "\n".join(lines)
     passed, failed, skipped = verdicts(lines, "PASS"), verdicts(lines, "FAIL"), verdicts(lines, "SKIP")
@@ -77,6 +85,7 @@ async def test_this_relay_passes_what_it_advertises(relay_factory: Any, tmp_path
         "head view",
         "ensure",
         "sync",
+        "incremental",
     } <= areas, areas
 
 

@@ -377,6 +377,8 @@ async def test_conformance_runs_and_passes_the_sync_checks(
         files[1],
         "--key-file",
         files[2],
+        "--only",
+        "sync",
         cwd=BASE_DIR,
         env=dict(os.environ),
         stdout=asyncio.subprocess.PIPE,

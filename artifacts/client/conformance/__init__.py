@@ -10,13 +10,14 @@ from typing import TextIO
 
 from ..events import Keys
 from ..httpapi import RelayUrl
-from . import checks_reads, checks_sync, checks_writes
+from . import checks_incremental, checks_reads, checks_sync, checks_writes
 from .runner import CHECKS, Report, run_checks
 from .world import SetupFailed, World
 
 __all__ = ["CHECKS", "Report", "run_suite"]
-# The suite runs the write path first, then reads, then sync (each module in declaration order).
-_ORDER = [m.__name__ for m in (checks_writes, checks_reads, checks_sync)]
+# The suite runs the write path first, then reads, then sync, then incremental reads (each module in
+# declaration order).
+_ORDER = [m.__name__ for m in (checks_writes, checks_reads, checks_sync, checks_incremental)]
 CHECKS.sort(key=lambda c: _ORDER.index(c.fn.__module__))
 
 

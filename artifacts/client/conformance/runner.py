@@ -1,7 +1,7 @@
 """The conformance runner: named checks, each against the spec rule it names; PASS, FAIL or SKIP.
 
 A check is an async function of the World, registered with @check("area: rule", needs=...).
-`needs` names capabilities read from NIP-11 (sync, head, history, limit:<name>) or a
+`needs` names capabilities read from NIP-11 (sync, incremental, head, history, limit:<name>) or a
 third key (C); a check whose needs the relay does not advertise is skipped, saying so.
 """
 

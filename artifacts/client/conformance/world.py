@@ -145,6 +145,9 @@ class World:
         if need in ("head", "history", "current"):
             modes = self.artifacts.get("modes")
             return isinstance(modes, list) and need in modes
+        if need == "incremental":
+            inc = self.artifacts.get("incremental")
+            return isinstance(inc, dict) and inc.get("version") == 1
         if need.startswith("limit:"):
             value = self.limits.get(need.removeprefix("limit:"))
             return isinstance(value, int) and not isinstance(value, bool)
@@ -157,6 +160,8 @@ class World:
             return "the relay does not advertise artifacts.sync (NIP-11), so sync is not tested"
         if need in ("head", "history", "current"):
             return f"the relay does not advertise the {need!r} view in NIP-11 artifacts.modes"
+        if need == "incremental":
+            return "the relay does not advertise artifacts.incremental (NIP-11), so incremental reads are not tested"
         if need.startswith("limit:"):
             return f"the relay does not advertise artifacts.limits.{need.removeprefix('limit:')} in NIP-11"
         if need == "C":
