@@ -62,7 +62,7 @@ class IncrementalRefused(RelayError):
     (incremental_invalid, incremental_limit, restricted ...) and the relay's message."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}" if message else code)
+        super().__init__(f"{message} (HTTP {status} {code})" if message else f"HTTP {status} {code}")
         self.status = status
         self.code = code
 
@@ -490,18 +490,18 @@ class Puller:
     async def _post(self, payload: dict[str, Any], report: PullReport) -> Any:
         """One request: its 200 body. Retries 503 and an unreachable relay after a growing random delay
         (full jitter), `attempts` times in all. Raises _Reset on 409 incremental_reset, IncrementalRefused on
-        any other answer."""
+        any other answer, HttpError when the last try got none."""
         failures = 0
         while True:
             try:
                 status, body = await self._send(payload)
-            except HttpError as err:
-                status, body = 0, {"error": "unreachable", "message": err.reason}
+            except HttpError:
+                if failures + 1 >= self.attempts:
+                    raise
+                status, body = 0, None
             if status == 200:
                 return body
             code = str(body.get("error")) if isinstance(body, dict) and isinstance(body.get("error"), str) else ""
-            message = body.get("message") if isinstance(body, dict) else None
-            text = message if isinstance(message, str) else str(body)[:200]
             if status == 409 and code == "incremental_reset":
                 reason = body.get("reason") if isinstance(body, dict) else None
                 raise _Reset(reason if isinstance(reason, str) else "reset")
@@ -510,4 +510,6 @@ class Puller:
                 report.retries += 1
                 await self._sleep(Backoff(random=self._rng).delay(failures))
                 continue
-            raise IncrementalRefused(status, code or f"HTTP {status}", text)
+            message = body.get("message") if isinstance(body, dict) else None
+            text = message if isinstance(message, str) else str(body)[:200]
+            raise IncrementalRefused(status, code or "refused", text)

@@ -18,6 +18,7 @@ from artifacts.client import (
     Capability,
     CurrentFilter,
     Event,
+    HttpError,
     IncrementalProtocolError,
     IncrementalRefused,
     Keys,
@@ -71,13 +72,16 @@ def page(changes: list[dict[str, Any]], *, cursor: str | None = None, checkpoint
 class Script:
     """The relay's answers, in order; records each request."""
 
-    def __init__(self, answers: Sequence[tuple[int, Any]]) -> None:
+    def __init__(self, answers: Sequence[tuple[int, Any] | Exception]) -> None:
         self.answers = list(answers)
         self.requests: list[dict[str, Any]] = []
 
     async def __call__(self, payload: dict[str, Any]) -> tuple[int, Any]:
         self.requests.append(payload)
-        return self.answers.pop(0)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 class Sleeps:
@@ -124,6 +128,7 @@ async def test_a_failed_pass_keeps_the_prior_checkpoint(store: Store) -> None:
     with pytest.raises(IncrementalRefused) as refused:
         await puller(store, script).pull()
     assert (refused.value.status, refused.value.code) == (400, "incremental_invalid")
+    assert refused.value.reason == "bad cursor (HTTP 400 incremental_invalid)"
     assert store.checkpoint == "cp1"
     # The first page was applied (a replay of it is idempotent); progress did not advance.
     assert set(store.heads()) == {a.first("d"), b.first("d")}
@@ -209,6 +214,16 @@ async def test_unavailable_is_retried_with_backoff_then_given_up(store: Store) -
     with pytest.raises(IncrementalRefused) as refused:
         await puller(store, Script([busy] * 3), attempts=3).pull()
     assert refused.value.status == 503 and store.checkpoint == "cp1"
+
+
+async def test_an_unreachable_relay_is_retried_then_reported(store: Store) -> None:
+    down = HttpError(0, "error: could not reach http://relay.test:7777/query: refused")
+    sleeps = Sleeps()
+    report = await puller(store, Script([down, (200, page([upsert(art(1))], checkpoint="cp1"))]), sleeps).pull()
+    assert (report.retries, len(sleeps.delays), store.checkpoint) == (1, 1, "cp1")
+    with pytest.raises(HttpError) as unreachable:
+        await puller(store, Script([down, down]), attempts=2).pull()
+    assert unreachable.value.reason.startswith("error: could not reach") and store.checkpoint == "cp1"
 
 
 async def test_a_reset_drops_the_checkpoint_and_recovers_by_revalidation(store: Store) -> None:
