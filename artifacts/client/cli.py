@@ -360,6 +360,17 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--relay", required=True, type=_relay, metavar="URL", help="ws:// or wss:// relay URL")
         p.add_argument("--key-file", required=True, metavar="FILE", help="file holding a hex secret key")
 
+    def match_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--type", action="append", type=_type, metavar="T", help="only this type; repeat to OR types")
+        p.add_argument(
+            "--tag",
+            action="append",
+            type=_tag,
+            metavar="NAME=VALUE",
+            help="only artifacts with a tag NAME whose first value is VALUE; one NAME repeated ORs"
+            " its values, different NAMEs AND",
+        )
+
     p = commands.add_parser(
         "derive-d",
         help="print the NIP-AR derived d of (channel, type, key)",
@@ -386,15 +397,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="H",
         help="channel id (#h); repeat for more channels",
     )
-    p.add_argument("--type", action="append", type=_type, metavar="T", help="only this type; repeat to OR types")
-    p.add_argument(
-        "--tag",
-        action="append",
-        type=_tag,
-        metavar="NAME=VALUE",
-        help="only artifacts with a tag NAME whose first value is VALUE; one NAME repeated ORs"
-        " its values, different NAMEs AND",
-    )
+    match_args(p)
     p.add_argument("--json", action="store_true", help="JSON output (JSON lines with --follow)")
     p.add_argument("--follow", action="store_true", help="stay live: print each change and each resync")
     p.add_argument(
@@ -423,15 +426,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="H",
         help="only this channel (#h; repeatable): needed for an unlisted open channel this key has not joined",
     )
-    p.add_argument("--type", action="append", type=_type, metavar="T", help="only this type; repeat to OR types")
-    p.add_argument(
-        "--tag",
-        action="append",
-        type=_tag,
-        metavar="NAME=VALUE",
-        help="only artifacts with a tag NAME whose first value is VALUE; one NAME repeated ORs"
-        " its values, different NAMEs AND",
-    )
+    match_args(p)
     p.add_argument(
         "--confirm",
         action="append",

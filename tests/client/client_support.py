@@ -1,4 +1,5 @@
-"""A real relay for the client's tests: its community is the relay's own address, keys are admitted.
+"""A real relay for the client's tests: its community is the relay's own address, keys are admitted; and
+the command line run as a subprocess (`cli`).
 
 The client knows nothing of Host headers: it connects to ws://127.0.0.1:<port>/ and
 signs NIP-42 and NIP-98 for that URL. So the community is created for host
@@ -8,6 +9,9 @@ process has its port, before any connection.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +23,24 @@ from buzz.models import Community
 from tests.support.relay import RelayProcess
 
 NO_QUOTA = {"BUZZ_WRITES_PER_SECOND": "0"}
+BASE_DIR = Path(__file__).resolve().parents[2]
+
+
+async def cli(*args: str, stdin: str | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
+    """`python -m artifacts.client ARGS` from the checkout, as a user runs it: (exit status, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "artifacts.client",
+        *args,
+        cwd=BASE_DIR,
+        env=dict(os.environ),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
 
 
 @dataclass

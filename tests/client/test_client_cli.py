@@ -23,7 +23,7 @@ import artifacts.client
 from artifacts.client import Keys, Relay, derive_d, revision, set_digest
 from artifacts.client.cli import _safe
 from artifacts.client.httpapi import HeadUnsupported
-from tests.client.client_support import NO_QUOTA, admit, make_channel, write_key
+from tests.client.client_support import NO_QUOTA, admit, cli, make_channel, write_key
 from tests.client.fake_relay import FakeConnection, FakeRelay
 
 BASE_DIR = Path(__file__).resolve().parents[2]
@@ -31,22 +31,6 @@ VECTORS = Path(artifacts.client.__file__).parent / "vectors"
 COMMANDS = ["derive-d", "sync", "pull", "ensure", "head", "digest", "conformance"]
 H = "11111111-1111-4111-8111-111111111111"
 H_LETTERS = "9b353519-f4fe-4757-aef4-bec6cc0ae54c"
-
-
-async def cli(*args: str, stdin: str | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "artifacts.client",
-        *args,
-        cwd=BASE_DIR,
-        env=dict(os.environ),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), timeout)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 async def test_help_on_each_command_and_no_secret_options() -> None:

@@ -13,10 +13,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -37,9 +34,8 @@ from artifacts.client import (
     revision,
 )
 from buzz.chat import channels
-from tests.client.client_support import NO_QUOTA, ClientWorld, admit, make_channel
+from tests.client.client_support import NO_QUOTA, ClientWorld, admit, cli, make_channel
 
-BASE_DIR = Path(__file__).resolve().parents[2]
 TYPE = "buzz.task"
 ENABLED = {
     **NO_QUOTA,
@@ -212,22 +208,6 @@ async def test_a_current_id_batch_over_the_response_bound_is_split(
     store.close()
 
 
-async def _cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "artifacts.client",
-        *args,
-        cwd=BASE_DIR,
-        env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_the_pull_command(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
     relay = relay_factory(**ENABLED)
     world = await sync_to_async(admit)(relay, tmp_path)
@@ -235,7 +215,7 @@ async def test_the_pull_command(relay_factory: Any, tmp_path: Path, redis_flush:
     pull = ["pull", *base, "--type", TYPE]
     async with Relay.connect(world.url, world.a) as a:
         made = [await publish(a, task(world.a, world.channel, n)) for n in range(4)]
-        code, out, err = await _cli(*pull, "--list")
+        code, out, err = await cli(*pull, "--list")
         assert (code, err) == (0, "")
         lines = out.splitlines()
         assert lines[-1] == (
@@ -246,7 +226,7 @@ async def test_the_pull_command(relay_factory: Any, tmp_path: Path, redis_flush:
         assert lines[:-1] == [f'{e.first("d")} {e.id} {TYPE} "{e.first("title")}"' for e in by_d]
 
         updated = await publish(a, next_revision(world.a, made[0], "update", content={"n": 7}))
-        code, out, err = await _cli(*pull, "--json", "--confirm", made[1].first("d") or "")
+        code, out, err = await cli(*pull, "--json", "--confirm", made[1].first("d") or "")
         assert (code, err) == (0, "")
         body = json.loads(out)
         # The window starts 120 s before the last pass: the recent creates and B's grant replay too.
@@ -257,18 +237,18 @@ async def test_the_pull_command(relay_factory: Any, tmp_path: Path, redis_flush:
         assert saved.heads()[updated.first("d") or ""] == updated.id
         saved.close()
 
-        code, out, err = await _cli(*pull, "--recover")
+        code, out, err = await cli(*pull, "--recover")
         assert (code, err) == (0, "")
         assert out.startswith("pulled: initial read, 2 pages: 4 upserts") and "revalidated" not in out
 
-        code, out, err = await _cli("pull", *base, "--type", "buzz.note")
+        code, out, err = await cli("pull", *base, "--type", "buzz.note")
         assert (code, out) == (1, "")
         assert err.startswith("error: ") and "holds the rows of another query" in err
 
     plain = relay_factory(**NO_QUOTA)
     (tmp_path / "plain").mkdir()
     other = await sync_to_async(admit)(plain, tmp_path / "plain")
-    code, out, err = await _cli(
+    code, out, err = await cli(
         "pull", "--relay", other.url, "--key-file", str(other.key_files[1]), "--store", str(tmp_path / "p.db")
     )
     assert (code, out) == (1, "")

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -50,7 +48,7 @@ from artifacts.services import nip11_section
 from buzz.chat import channels
 from buzz.dev.devservices import free_port
 from buzz.identity.communities import CommunityInfo
-from tests.client.client_support import NO_QUOTA, ClientWorld, admit
+from tests.client.client_support import NO_QUOTA, ClientWorld, admit, cli
 from tests.support.relay import RelayProcess, relays_key
 
 _PROBE = CommunityInfo(1, "probe", "probe", "", "ws://probe/", "0" * 64, "0" * 64, "members")
@@ -59,7 +57,6 @@ if "sync" not in nip11_section(_PROBE):
         "the relay's NIP-11 does not advertise artifacts.sync: these tests wait for WebSocket sync to be merged"
     )
 
-BASE_DIR = Path(__file__).resolve().parents[2]
 TYPE = "buzz.task"
 WAIT = 20.0
 
@@ -335,27 +332,11 @@ async def test_the_cli_prints_the_fresh_digest(relay_factory: Any, tmp_path: Pat
         for n in range(5):
             await publish(a, task(world.a, world.channel, n))
         digest = (await fetch_set(a, flt)).digest
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "artifacts.client",
-        "sync",
-        "--relay",
-        world.url,
-        "--key-file",
-        str(world.key_files[1]),
-        "--channel",
-        world.channel,
-        "--type",
-        TYPE,
-        cwd=BASE_DIR,
-        env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    code, out, err = await cli(
+        "sync", "--relay", world.url, "--key-file", str(world.key_files[1]), "--channel", world.channel, "--type", TYPE
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert (proc.returncode, err) == (0, b"")
-    assert out.decode().splitlines()[-1] == f"digest {digest} (5 artifacts)"
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == f"digest {digest} (5 artifacts)"
 
 
 @pytest.mark.slow
@@ -363,30 +344,10 @@ async def test_conformance_runs_and_passes_the_sync_checks(
     relay_factory: Any, tmp_path: Path, redis_flush: Any
 ) -> None:
     world = await sync_to_async(admit)(relay_factory(), tmp_path)
-    files = [str(f) for f in world.key_files]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "artifacts.client",
-        "conformance",
-        "--relay",
-        world.url,
-        "--key-file",
-        files[0],
-        "--key-file",
-        files[1],
-        "--key-file",
-        files[2],
-        "--only",
-        "sync",
-        cwd=BASE_DIR,
-        env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 110)
-    lines = out.decode().splitlines()
+    keys = [arg for f in world.key_files for arg in ("--key-file", str(f))]
+    code, out, _ = await cli("conformance", "--relay", world.url, *keys, "--only", "sync", timeout=110)
+    lines = out.splitlines()
     report = "\n".join(lines)
-    assert proc.returncode == 0, report
+    assert code == 0, report
     assert [line for line in lines if line.startswith(("FAIL", "SKIP"))] == [], report
     assert sum(line.startswith("PASS sync") for line in lines) >= 10, report
