@@ -25,7 +25,17 @@ from .events import Event, Keys
 from .filters import CurrentFilter, FilterError, SyncFilter
 from .httpapi import HeadUnsupported, HttpError, RelayUrl, RelayUrlError
 from .identity import derive_d
-from .incremental import MAX_ID_BYTES, Puller, PullReport, Store, StoreMismatch
+from .incremental import (
+    MAX_ID_BYTES,
+    Confirmed,
+    Entry,
+    Pulled,
+    Puller,
+    PullReport,
+    Reconnecting,
+    Store,
+    StoreMismatch,
+)
 from .sync import Change, Restarting, Sync, Synced
 
 EXIT_ERROR = 1
@@ -205,8 +215,32 @@ def _report_line(report: PullReport) -> str:
     return line + f"; {_count(report.held, 'artifact')} held, checkpoint saved"
 
 
+def _report_json(report: PullReport) -> dict[str, Any]:
+    return {
+        "pass": report.kind,
+        "resets": report.resets,
+        "pages": report.pages,
+        "upserts": report.upserts,
+        "removes": report.removes,
+        "removeChannels": report.channel_removals,
+        "revalidated": report.revalidated,
+        "retries": report.retries,
+        "held": report.held,
+    }
+
+
+def _entries_json(entries: Sequence[Entry]) -> list[dict[str, Any]]:
+    return [{"artifactId": c.id, "type": c.type, **({"event": c.event.to_dict()} if c.event else {})} for c in entries]
+
+
+def _entry_lines(entries: Sequence[Entry]) -> str:
+    return "".join(f"confirmed {c.type} {_line(c.event) if c.event is not None else _safe(c.id)}\n" for c in entries)
+
+
 async def cmd_pull(args: argparse.Namespace, out: TextIO) -> int:
     keys = _keys(args.key_file)
+    if args.follow and args.list:
+        raise CliError("--list and --follow don't go together (--follow prints each change instead)")
     try:
         query = CurrentFilter.of(args.channel or (), types=args.type or (), tags=args.tag or ())
         store = Store(args.store, relay=args.relay, pubkey=keys.pubkey, query=query)
@@ -216,6 +250,8 @@ async def cmd_pull(args: argparse.Namespace, out: TextIO) -> int:
         if args.recover:
             store.drop_checkpoint()
         puller = Puller(args.relay, keys, query, store, attempts=args.attempts)
+        if args.follow:
+            return await _follow(puller, args, out)
         report = await puller.pull()
         confirmed = await puller.confirm(args.confirm) if args.confirm else []
         rows = store.rows() if args.list else {}
@@ -223,32 +259,43 @@ async def cmd_pull(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         store.close()
     if args.json:
-        body: dict[str, Any] = {
-            "pass": report.kind,
-            "resets": report.resets,
-            "pages": report.pages,
-            "upserts": report.upserts,
-            "removes": report.removes,
-            "removeChannels": report.channel_removals,
-            "revalidated": report.revalidated,
-            "retries": report.retries,
-            "held": report.held,
-        }
+        body = _report_json(report)
         if args.confirm:
-            body["confirmed"] = [
-                {"artifactId": c.id, "type": c.type, **({"event": c.event.to_dict()} if c.event else {})}
-                for c in confirmed
-            ]
+            body["confirmed"] = _entries_json(confirmed)
         if args.list:
             body["artifacts"] = [rows[d].to_dict() for d in sorted(rows)]
         _json_line(body, out)
         return 0
     for d in sorted(rows):
         out.write(_line(rows[d]) + "\n")
-    for change in confirmed:
-        what = _line(change.event) if change.event is not None else _safe(change.id)
-        out.write(f"confirmed {change.type} {what}\n")
+    out.write(_entry_lines(confirmed))
     out.write(_report_line(report) + "\n")
+    return 0
+
+
+async def _follow(puller: Puller, args: argparse.Namespace, out: TextIO) -> int:
+    """`pull --follow`: a pull, then each live push confirmed, until interrupted (a line, or a JSON line, each)."""
+    async with contextlib.aclosing(puller.follow()) as updates:
+        async for update in updates:
+            if isinstance(update, Pulled):
+                if args.json:
+                    _json_line({"type": "pulled", **_report_json(update.report)}, out)
+                else:
+                    out.write(_report_line(update.report) + "\n")
+                if args.confirm:
+                    update = Confirmed(await puller.confirm(args.confirm))
+                    args.confirm = None
+            if isinstance(update, Confirmed):
+                if args.json:
+                    _json_line({"type": "confirmed", "changes": _entries_json(update.entries)}, out)
+                else:
+                    out.write(_entry_lines(update.entries))
+            elif isinstance(update, Reconnecting):
+                if args.json:
+                    _json_line({"type": "reconnect", "reason": update.reason, "delay": round(update.delay, 3)}, out)
+                else:
+                    out.write(f"reconnect (again in {update.delay:.2f} s): {_safe(update.reason)}\n")
+            out.flush()
     return 0
 
 
@@ -439,6 +486,12 @@ def parser() -> argparse.ArgumentParser:
         "--recover",
         action="store_true",
         help="drop the saved checkpoint first: a new initial read that revalidates every saved row",
+    )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="then stay connected: confirm each live revision push with a current-ID read and print it;"
+        " after a lost connection, pull again (until interrupted)",
     )
     p.add_argument("--list", action="store_true", help="also print the saved artifacts")
     p.add_argument("--json", action="store_true", help="print the summary (and --list's events) as one JSON object")

@@ -34,18 +34,18 @@ import asyncio
 import json
 import random
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from .connection import RelayError
+from .connection import ConnectionLost, Relay, RelayError, Subscription
 from .digest import is_artifact_id
 from .events import Event, EventError, Keys
 from .filters import CurrentFilter
 from .httpapi import DEFAULT_TIMEOUT, HttpError, RelayUrl, information, post_json
-from .revisions import KIND_ARTIFACT
+from .revisions import KIND_ARTIFACT, KIND_REMOVAL
 from .sync import Backoff
 
 VERSION: Final = 1
@@ -308,6 +308,14 @@ def _current_answer(body: object, ids: Sequence[str], query: CurrentFilter) -> l
     return out
 
 
+def _pushed_d(raw: object) -> str | None:
+    tags = raw.get("tags") if isinstance(raw, dict) else None
+    for tag in tags if isinstance(tags, list) else ():
+        if isinstance(tag, list) and len(tag) >= 2 and tag[0] == "d" and is_artifact_id(tag[1]):
+            return str(tag[1])
+    return None
+
+
 # --- the puller --------------------------------------------------------------------------
 
 
@@ -334,6 +342,32 @@ class PullReport:
                 self.removes += 1
             else:
                 self.channel_removals += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """`follow`: a pull finished (the first one, or the one after a reconnect)."""
+
+    report: PullReport
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    """`follow`: live revision pushes were confirmed by a current-ID read; `entries` were applied."""
+
+    entries: list[Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnecting:
+    """`follow`: the connection or a read failed; a new connection and pull follow after `delay` seconds."""
+
+    reason: str
+    delay: float
+    failures: int
+
+
+FollowUpdate = Pulled | Confirmed | Reconnecting
 
 
 class _Reset(Exception):
@@ -419,6 +453,64 @@ class Puller:
                 for change in changes:
                     self.store._apply(db, change)
             return changes
+
+    async def follow(self, *, backoff: Backoff | None = None) -> AsyncGenerator[FollowUpdate, None]:
+        """Keep the store current until the caller stops iterating. On a NIP-42 authenticated connection it
+        subscribes to live revisions and removals (NIP-01 REQ, kinds 45010 and 45011, limit 0, the query's
+        #h), and once the relay has answered EOSE it pulls. Each push then asks for a current-ID read of its
+        artifact (pushes that queued meanwhile are read in one batch): the spec's "live revision pushes
+        request a current-ID read; they do not replace confirmed rows directly". After a lost connection or
+        a failed read it waits (the sync's backoff) and starts over with a pull, which brings what the
+        pushes missed. A refusal that a retry can't mend (IncrementalRefused other than 503, a protocol
+        violation, StoreMismatch) ends it."""
+        delays = backoff or Backoff(random=self._rng)
+        failures = 0
+        while True:
+            try:
+                async with Relay.connect(self.url, self.keys) as relay:
+                    flt: dict[str, Any] = {"kinds": [KIND_ARTIFACT, KIND_REMOVAL], "limit": 0}
+                    if self.query.channels:
+                        flt["#h"] = list(self.query.channels)
+                    sub = await relay.subscribe([flt])
+                    await self._await_eose(sub)
+                    yield Pulled(await self.pull())
+                    failures = 0
+                    while True:
+                        ds = await self._pushed(sub)
+                        yield Confirmed(await self.confirm(ds))
+            except (ConnectionLost, HttpError) as err:
+                reason = err.reason
+            except IncrementalRefused as err:
+                if err.status != 503:
+                    raise
+                reason = err.reason
+            failures += 1
+            delay = delays.delay(failures)
+            yield Reconnecting(reason, delay, failures)
+            await self._sleep(delay)
+
+    @staticmethod
+    async def _await_eose(sub: Subscription) -> None:
+        while True:
+            verb, payload = await sub.next(30.0)
+            if verb == "EOSE":
+                return
+            if verb == "CLOSED":
+                raise ConnectionLost(f"the relay closed the live subscription: {payload}")
+
+    @staticmethod
+    async def _pushed(sub: Subscription) -> list[str]:
+        """The artifacts of the next live pushes: waits for one, then takes what else has queued. A push is
+        not trusted for anything but its d: the current-ID read it asks for is what gets checked and applied."""
+        ds: list[str] = []
+        while not ds or not sub.queue.empty():
+            verb, payload = await sub.next()
+            if verb == "CLOSED":
+                raise ConnectionLost(f"the relay closed the live subscription: {payload}")
+            d = _pushed_d(payload) if verb == "EVENT" else None
+            if d is not None and d not in ds:
+                ds.append(d)
+        return ds
 
     async def _recover(self, cap: Capability, report: PullReport) -> None:
         """An initial read, then current-ID reads for the rows held when it began that it did not upsert;

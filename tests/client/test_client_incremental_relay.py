@@ -13,7 +13,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,9 +25,11 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from artifacts.client import (
+    Confirmed,
     CurrentFilter,
     Event,
     Keys,
+    Pulled,
     Puller,
     Relay,
     RelayUrl,
@@ -34,7 +39,7 @@ from artifacts.client import (
     revision,
 )
 from buzz.chat import channels
-from tests.client.client_support import NO_QUOTA, ClientWorld, admit, cli, make_channel
+from tests.client.client_support import BASE_DIR, NO_QUOTA, ClientWorld, admit, cli, make_channel
 
 TYPE = "buzz.task"
 ENABLED = {
@@ -256,3 +261,70 @@ async def test_the_pull_command(relay_factory: Any, tmp_path: Path, redis_flush:
         "error: unsupported: the relay does not advertise NIP-AR incremental reads"
         " (NIP-11 artifacts.incremental version 1)\n"
     )
+
+
+async def test_follow_confirms_each_live_push_with_a_current_id_read(
+    relay_factory: Any, tmp_path: Path, redis_flush: Any
+) -> None:
+    relay = relay_factory(**ENABLED)
+    world = await sync_to_async(admit)(relay, tmp_path)
+    x = await sync_to_async(make_channel)(world, [world.a])  # B can't read it
+    query = CurrentFilter.of(types=[TYPE])  # no #h: the pushes of every channel B reads
+    store = store_of(world, tmp_path / "store.db", query)
+    puller = Puller(RelayUrl.parse(world.url), world.b, query, store)
+    async with Relay.connect(world.url, world.a) as a:
+        made = await publish(a, task(world.a, world.channel, 1))
+        d = made.first("d") or ""
+        updates = puller.follow()
+        try:
+            first = await asyncio.wait_for(anext(updates), 30)
+            assert isinstance(first, Pulled) and store.heads() == {d: made.id}
+            updated = await publish(a, next_revision(world.a, made, "update", content={"n": 2}))
+            confirmed = await asyncio.wait_for(anext(updates), 30)
+            assert isinstance(confirmed, Confirmed)
+            assert [(e.type, e.id) for e in confirmed.entries] == [("upsert", d)]
+            assert store.heads() == {d: updated.id}
+            # Moved where B can't read: B's push is the source's kind-45011 removal; the read says remove.
+            await publish(a, next_revision(world.a, updated, "move", h=x))
+            confirmed = await asyncio.wait_for(anext(updates), 30)
+            assert isinstance(confirmed, Confirmed)
+            assert [(e.type, e.id) for e in confirmed.entries] == [("remove", d)]
+            assert store.heads() == {}
+        finally:
+            await updates.aclose()
+    store.close()
+
+
+async def test_pull_follow_prints_each_confirmed_push(relay_factory: Any, tmp_path: Path, redis_flush: Any) -> None:
+    relay = relay_factory(**ENABLED)
+    world = await sync_to_async(admit)(relay, tmp_path)
+    args = ["--relay", world.url, "--key-file", str(world.key_files[1]), "--store", str(tmp_path / "s.db")]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "artifacts.client",
+        "pull",
+        *args,
+        "--follow",
+        "--json",
+        cwd=BASE_DIR,
+        env=dict(os.environ),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+        assert (first["type"], first["pass"], first["held"]) == ("pulled", "initial", 0)
+        async with Relay.connect(world.url, world.a) as a:
+            made = await publish(a, task(world.a, world.channel, 1))
+        line = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+        assert line == {
+            "type": "confirmed",
+            "changes": [{"artifactId": made.first("d"), "type": "upsert", "event": made.to_dict()}],
+        }
+    finally:
+        proc.terminate()
+        await proc.wait()
+    code, out, err = await cli("pull", *args, "--follow", "--list")
+    assert (code, out) == (1, "") and err.startswith("error: --list and --follow don't go together")

@@ -16,18 +16,22 @@ from hypothesis import strategies as st
 
 from artifacts.client import (
     Capability,
+    Confirmed,
     CurrentFilter,
     Event,
     HttpError,
     IncrementalProtocolError,
     IncrementalRefused,
     Keys,
+    Pulled,
     Puller,
+    Reconnecting,
     RelayUrl,
     Store,
     StoreMismatch,
     revision,
 )
+from tests.client.fake_relay import FakeConnection, FakeRelay
 
 URL = RelayUrl.parse("ws://relay.test:7777/")
 CAP = Capability(
@@ -323,3 +327,55 @@ async def test_a_current_id_read_waits_for_the_running_pass_and_its_commits(stor
     gate.set()
     await asyncio.gather(pulling, confirming)
     assert order == ["page 1", "page 2", "current, checkpoint cp1"]
+
+
+async def test_follow_subscribes_before_it_pulls_and_pulls_again_after_a_lost_connection(store: Store) -> None:
+    """The WebSocket side is the scripted fake relay; the HTTP answers are scripted as above."""
+    a, b = art(1), art(2)
+    b2 = revision(KEYS, d=b.first("d") or "", h=H1, type="buzz.task", op="update", prev=b.id, title="t2", content={})
+    current = {"version": 1, "startedAt": STARTED}
+
+    async def relay_script(conn: FakeConnection) -> None:
+        await conn.auth()
+        sub, flt = await conn.req()
+        assert flt == {"kinds": [45010, 45011], "limit": 0}, flt
+        await conn.send("EOSE", sub)
+        if conn.index == 0:
+            await pulled.wait()
+            await conn.send("EVENT", sub, a.to_dict())
+            await conn.send("EVENT", sub, a.to_dict())  # a repeat: one read of a
+            await confirmed.wait()
+            conn.drop()
+        else:
+            await conn.hold()
+
+    pulled, confirmed = asyncio.Event(), asyncio.Event()
+    script = Script(
+        [
+            (200, page([upsert(b)], checkpoint="cp1")),  # the first pull
+            (200, {**current, "changes": [upsert(a)]}),  # the push's current-ID read
+            (200, page([upsert(b2)], checkpoint="cp2")),  # the pull after the reconnect
+        ]
+    )
+    sleeps = Sleeps()
+    async with FakeRelay(relay_script, nip11={"artifacts": {}}) as relay:
+        client = Puller(
+            RelayUrl.parse(relay.url), KEYS, QUERY, store, post=script, capability=CAP, sleep=sleeps, rng=lambda: 0.5
+        )
+        updates = client.follow()
+        try:
+            first = await anext(updates)
+            assert isinstance(first, Pulled) and first.report.kind == "initial"
+            pulled.set()
+            push = await anext(updates)
+            assert isinstance(push, Confirmed) and [(e.type, e.id) for e in push.entries] == [("upsert", a.first("d"))]
+            confirmed.set()
+            lost = await anext(updates)
+            assert isinstance(lost, Reconnecting) and (lost.failures, lost.delay) == (1, 0.25)
+            again = await anext(updates)
+            assert isinstance(again, Pulled) and again.report.kind == "later" and sleeps.delays == [0.25]
+        finally:
+            await updates.aclose()
+    assert [r.get("checkpoint") for r in script.requests] == [None, None, "cp1"]
+    assert script.requests[1]["artifactIds"] == [a.first("d")]
+    assert store.heads() == {a.first("d"): a.id, b.first("d"): b2.id} and store.checkpoint == "cp2"
