@@ -454,15 +454,17 @@ class Puller:
                     self.store._apply(db, change)
             return changes
 
-    async def follow(self, *, backoff: Backoff | None = None) -> AsyncGenerator[FollowUpdate, None]:
+    async def follow(
+        self, *, backoff: Backoff | None = None, eose_timeout: float = 30.0
+    ) -> AsyncGenerator[FollowUpdate, None]:
         """Keep the store current until the caller stops iterating. On a NIP-42 authenticated connection it
         subscribes to live revisions and removals (NIP-01 REQ, kinds 45010 and 45011, limit 0, the query's
-        #h), and once the relay has answered EOSE it pulls. Each push then asks for a current-ID read of its
-        artifact (pushes that queued meanwhile are read in one batch): the spec's "live revision pushes
-        request a current-ID read; they do not replace confirmed rows directly". After a lost connection or
-        a failed read it waits (the sync's backoff) and starts over with a pull, which brings what the
-        pushes missed. A refusal that a retry can't mend (IncrementalRefused other than 503, a protocol
-        violation, StoreMismatch) ends it."""
+        #h), and once the relay has answered EOSE (within `eose_timeout` seconds) it pulls. Each push then
+        asks for a current-ID read of its artifact (pushes that queued meanwhile are read in one batch): the
+        spec's "live revision pushes request a current-ID read; they do not replace confirmed rows
+        directly". After a lost connection or a failed read it waits (the sync's backoff) and starts over
+        with a pull, which brings what the pushes missed. A refusal that a retry can't mend
+        (IncrementalRefused other than 503, a protocol violation, StoreMismatch) ends it."""
         delays = backoff or Backoff(random=self._rng)
         failures = 0
         while True:
@@ -472,7 +474,7 @@ class Puller:
                     if self.query.channels:
                         flt["#h"] = list(self.query.channels)
                     sub = await relay.subscribe([flt])
-                    await self._await_eose(sub)
+                    await self._await_eose(sub, eose_timeout)
                     yield Pulled(await self.pull())
                     failures = 0
                     while True:
@@ -490,9 +492,12 @@ class Puller:
             await self._sleep(delay)
 
     @staticmethod
-    async def _await_eose(sub: Subscription) -> None:
+    async def _await_eose(sub: Subscription, timeout: float) -> None:
         while True:
-            verb, payload = await sub.next(30.0)
+            try:
+                verb, payload = await sub.next(timeout)
+            except TimeoutError:
+                raise ConnectionLost(f"no EOSE for the live subscription within {timeout:g} s") from None
             if verb == "EOSE":
                 return
             if verb == "CLOSED":

@@ -379,3 +379,20 @@ async def test_follow_subscribes_before_it_pulls_and_pulls_again_after_a_lost_co
     assert [r.get("checkpoint") for r in script.requests] == [None, None, "cp1"]
     assert script.requests[1]["artifactIds"] == [a.first("d")]
     assert store.heads() == {a.first("d"): a.id, b.first("d"): b2.id} and store.checkpoint == "cp2"
+
+
+async def test_follow_starts_over_when_the_live_subscription_gets_no_eose(store: Store) -> None:
+    async def relay_script(conn: FakeConnection) -> None:
+        await conn.auth()
+        await conn.req()
+        await conn.hold()  # never EOSE
+
+    async with FakeRelay(relay_script, nip11={"artifacts": {}}) as relay:
+        client = Puller(RelayUrl.parse(relay.url), KEYS, QUERY, store, post=Script([]), capability=CAP, sleep=Sleeps())
+        updates = client.follow(eose_timeout=0.2)
+        try:
+            lost = await asyncio.wait_for(anext(updates), 10)
+            assert isinstance(lost, Reconnecting) and lost.reason == "no EOSE for the live subscription within 0.2 s"
+        finally:
+            await updates.aclose()
+    assert store.checkpoint is None  # nothing was pulled
