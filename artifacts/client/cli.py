@@ -29,6 +29,7 @@ from .incremental import (
     MAX_ID_BYTES,
     Confirmed,
     Entry,
+    IncrementalRefused,
     Pulled,
     Puller,
     PullReport,
@@ -252,7 +253,15 @@ async def cmd_pull(args: argparse.Namespace, out: TextIO) -> int:
         puller = Puller(args.relay, keys, query, store, attempts=args.attempts)
         if args.follow:
             return await _follow(puller, args, out)
-        report = await puller.pull()
+        try:
+            report = await puller.pull()
+        except IncrementalRefused as refused:
+            if refused.code == "incremental_invalid" and store.checkpoint is not None:
+                raise CliError(
+                    f"{refused.reason}; the relay refuses this store's checkpoint (after a change of its signing"
+                    " key, say): run again with --recover to start the store over"
+                ) from None
+            raise
         confirmed = await puller.confirm(args.confirm) if args.confirm else []
         rows = store.rows() if args.list else {}
         report.held = len(store)

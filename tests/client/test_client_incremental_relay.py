@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import sys
 import uuid
 from collections.abc import Iterable
@@ -39,6 +40,7 @@ from artifacts.client import (
     revision,
 )
 from buzz.chat import channels
+from buzz.models import Community
 from tests.client.client_support import BASE_DIR, NO_QUOTA, ClientWorld, admit, cli, make_channel
 
 TYPE = "buzz.task"
@@ -328,3 +330,27 @@ async def test_pull_follow_prints_each_confirmed_push(relay_factory: Any, tmp_pa
         await proc.wait()
     code, out, err = await cli("pull", *args, "--follow", "--list")
     assert (code, out) == (1, "") and err.startswith("error: --list and --follow don't go together")
+
+
+async def test_after_a_signing_key_change_pull_says_to_recover(
+    relay_factory: Any, tmp_path: Path, redis_flush: Any
+) -> None:
+    relay = relay_factory(**ENABLED)
+    world = await sync_to_async(admit)(relay, tmp_path)
+    store = ["--key-file", str(world.key_files[1]), "--store", str(tmp_path / "s.db")]
+    assert (await cli("pull", "--relay", world.url, *store))[0] == 0
+    # The same relay (its community now answers at the new process's address) with another signing key.
+    rekeyed = relay_factory(**{**ENABLED, "BUZZ_INCREMENTAL_SIGNING_KEY": "another-key-" + "r" * 32})
+    address = f"127.0.0.1:{rekeyed.port}"
+    await sync_to_async(
+        lambda: Community.objects.filter(pk=world.community.pk).update(host=address, public_url=f"ws://{address}/")
+    )()
+    db = sqlite3.connect(tmp_path / "s.db")
+    with db:  # the store file, moved with its relay
+        db.execute("UPDATE meta SET value = ? WHERE key = 'relay'", (f"http://{address}",))
+    db.close()
+    code, out, err = await cli("pull", "--relay", f"ws://{address}/", *store)
+    assert (code, out) == (1, "")
+    assert "(HTTP 400 incremental_invalid)" in err and "run again with --recover" in err, err
+    code, out, err = await cli("pull", "--relay", f"ws://{address}/", *store, "--recover")
+    assert (code, err) == (0, "") and out.startswith("pulled: initial read")
