@@ -145,6 +145,35 @@ async def _remove_channel(world: World) -> None:
         store.close()
 
 
+@check("incremental: after a channel is deleted, a pass and its recovery drop its artifacts", needs=INCREMENTAL)
+async def _deleted_channel(world: World) -> None:
+    """A deletion is an access change: the spec's answer is 409 incremental_reset (policy_changed, naming no
+    channel) and the prescribed recovery, whose current-ID reads remove what is gone. The check holds the
+    relay to the end state and, when a reset comes, to its reason and to naming nothing."""
+    tag = "deleted"
+    s = await world.new_channel("T", [world.b])
+    gone = await world.create(h=s, tags=_create_tags(world, tag))
+    kept = await world.create(tags=_create_tags(world, tag))
+    query = _query(world, tag)
+    store = _store(world, world.b, query)
+    try:
+        await _pull(world, world.b, store, query)
+        expect(store.heads() == {gone.first("d"): gone.id, kept.first("d"): kept.id}, "the initial read missed one")
+        await world.delete_channel(s)
+        later = {"artifact": "incremental", "query": query.to_json(), "checkpoint": store.checkpoint}
+        status, body = await world.b.post(later)
+        if status == 409:
+            reason = body.get("reason") if isinstance(body, dict) else None
+            expect(reason == "policy_changed", f"the reset's reason is {short(reason)}, not policy_changed")
+            expect(s not in str(body), "the reset names the deleted channel")
+        else:
+            expect(status == 200, f"the later read after the deletion answered {status} {short(body)}")
+        await _pull(world, world.b, store, query)
+        expect(store.heads() == {kept.first("d"): kept.id}, f"after the deletion B holds {short(store.heads())}")
+    finally:
+        store.close()
+
+
 @check("incremental: current-ID reads answer one upsert or remove per id, in request order", needs=INCREMENTAL)
 async def _current(world: World) -> None:
     tag = "current"
