@@ -190,7 +190,22 @@ class Store:
     def drop_checkpoint(self) -> None:
         """The next pull is an initial read that revalidates every saved row (the prescribed recovery)."""
         with self.transaction() as db:
-            self._set_checkpoint(db, None)
+            db.execute("DELETE FROM meta WHERE key = 'checkpoint'")
+
+    def save(self, entries: Sequence[Entry], *, checkpoint: str | None = None) -> None:
+        """One local commit: apply `entries` in order and, when given, save `checkpoint` with them."""
+        with self.transaction() as db:
+            for entry in entries:
+                if entry.event is not None:  # an upsert: the event, with its h as the saved home
+                    event = json.dumps(entry.event.to_dict(), separators=(",", ":"), ensure_ascii=False)
+                    home = entry.event.first("h") or ""
+                    db.execute("INSERT OR REPLACE INTO rows (d, home, event) VALUES (?, ?, ?)", (entry.id, home, event))
+                elif entry.type == "remove":
+                    db.execute("DELETE FROM rows WHERE d = ?", (entry.id,))
+                else:
+                    db.execute("DELETE FROM rows WHERE home = ?", (entry.id,))
+            if checkpoint is not None:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,))
 
     def set_preference(self, d: str, name: str, value: str) -> None:
         with self.transaction() as db:
@@ -198,24 +213,6 @@ class Store:
 
     def preferences(self, d: str) -> dict[str, str]:
         return {str(n): str(v) for n, v in self._db.execute("SELECT name, value FROM preferences WHERE d = ?", (d,))}
-
-    # Used inside a transaction only (Puller):
-
-    def _apply(self, db: sqlite3.Connection, change: Entry) -> None:
-        if change.event is not None:  # an upsert
-            event = json.dumps(change.event.to_dict(), separators=(",", ":"), ensure_ascii=False)
-            home = change.event.first("h") or ""
-            db.execute("INSERT OR REPLACE INTO rows (d, home, event) VALUES (?, ?, ?)", (change.id, home, event))
-        elif change.type == "remove":
-            db.execute("DELETE FROM rows WHERE d = ?", (change.id,))
-        else:
-            db.execute("DELETE FROM rows WHERE home = ?", (change.id,))
-
-    def _set_checkpoint(self, db: sqlite3.Connection, checkpoint: str | None) -> None:
-        if checkpoint is None:
-            db.execute("DELETE FROM meta WHERE key = 'checkpoint'")
-        else:
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,))
 
 
 # --- what the relay sends ----------------------------------------------------------------
@@ -449,9 +446,7 @@ class Puller:
             cap = await self.capability()
             report = PullReport()
             changes = await self._current(cap, wanted, report)
-            with self.store.transaction() as db:
-                for change in changes:
-                    self.store._apply(db, change)
+            self.store.save(changes)
             return changes
 
     async def follow(
@@ -464,7 +459,7 @@ class Puller:
         spec's "live revision pushes request a current-ID read; they do not replace confirmed rows
         directly". After a lost connection or a failed read it waits (the sync's backoff) and starts over
         with a pull, which brings what the pushes missed. A refusal that a retry can't mend
-        (IncrementalRefused other than 503, a protocol violation, StoreMismatch) ends it."""
+        (IncrementalRefused other than 503, a protocol violation, a refused AUTH) ends it."""
         delays = backoff or Backoff(random=self._rng)
         failures = 0
         while True:
@@ -530,10 +525,7 @@ class Puller:
             report.count(changes)
         else:
             changes = []
-        with self.store.transaction() as db:
-            for change in changes:
-                self.store._apply(db, change)
-            self.store._set_checkpoint(db, checkpoint)
+        self.store.save(changes, checkpoint=checkpoint)
 
     async def _pass(
         self, cap: Capability, checkpoint: str | None, report: PullReport, seen: set[str] | None = None
@@ -550,13 +542,10 @@ class Puller:
             started = page.started
             report.pages += 1
             report.count(page.changes)
-            with self.store.transaction() as db:
-                for change in page.changes:
-                    self.store._apply(db, change)
-                    if change.type == "upsert" and seen is not None:
-                        seen.add(change.id)
-                if page.checkpoint is not None and checkpoint is not None:
-                    self.store._set_checkpoint(db, page.checkpoint)
+            # A later pass saves its checkpoint with its final page; an initial one leaves it to `_recover`.
+            self.store.save(page.changes, checkpoint=page.checkpoint if checkpoint is not None else None)
+            if seen is not None:
+                seen.update(c.id for c in page.changes if c.type == "upsert")
             if page.checkpoint is not None:  # the final page
                 return page.checkpoint
             extra = {"cursor": page.next_cursor}

@@ -26,9 +26,10 @@ NO_QUOTA = {"BUZZ_WRITES_PER_SECOND": "0"}
 BASE_DIR = Path(__file__).resolve().parents[2]
 
 
-async def cli(*args: str, stdin: str | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
-    """`python -m artifacts.client ARGS` from the checkout, as a user runs it: (exit status, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
+async def cli_process(*args: str) -> asyncio.subprocess.Process:
+    """`python -m artifacts.client ARGS` from the checkout, as a user runs it, with its stdin, stdout and stderr
+    piped (a command that keeps running, such as --follow, is read line by line)."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "artifacts.client",
@@ -39,6 +40,11 @@ async def cli(*args: str, stdin: str | None = None, timeout: float = 60.0) -> tu
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def cli(*args: str, stdin: str | None = None, timeout: float = 60.0) -> tuple[int, str, str]:
+    """The command run to its end: (exit status, stdout, stderr)."""
+    proc = await cli_process(*args)
     out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), timeout)
     return proc.returncode or 0, out.decode(), err.decode()
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +21,9 @@ import artifacts.client
 from artifacts.client import Keys, Relay, derive_d, revision, set_digest
 from artifacts.client.cli import _safe
 from artifacts.client.httpapi import HeadUnsupported
-from tests.client.client_support import NO_QUOTA, admit, cli, make_channel, write_key
+from tests.client.client_support import NO_QUOTA, admit, cli, cli_process, make_channel, write_key
 from tests.client.fake_relay import FakeConnection, FakeRelay
 
-BASE_DIR = Path(__file__).resolve().parents[2]
 VECTORS = Path(artifacts.client.__file__).parent / "vectors"
 COMMANDS = ["derive-d", "sync", "pull", "ensure", "head", "digest", "conformance"]
 H = "11111111-1111-4111-8111-111111111111"
@@ -263,18 +260,7 @@ async def test_sync_prints_the_set_at_eose_and_follows_changes(tmp_path: Path) -
         )
         assert (await cli("digest", stdin=out))[1] == digest + "\n"
 
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "artifacts.client",
-            *common,
-            "--json",
-            "--follow",
-            cwd=BASE_DIR,
-            env=dict(os.environ),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await cli_process(*common, "--json", "--follow")
         assert proc.stdout is not None
         lines: list[dict[str, Any]] = []
         try:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
-import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,7 +39,7 @@ from artifacts.client import (
 )
 from buzz.chat import channels
 from buzz.models import Community
-from tests.client.client_support import BASE_DIR, NO_QUOTA, ClientWorld, admit, cli, make_channel
+from tests.client.client_support import NO_QUOTA, ClientWorld, admit, cli, cli_process, make_channel
 
 TYPE = "buzz.task"
 ENABLED = {
@@ -301,19 +299,7 @@ async def test_pull_follow_prints_each_confirmed_push(relay_factory: Any, tmp_pa
     relay = relay_factory(**ENABLED)
     world = await sync_to_async(admit)(relay, tmp_path)
     args = ["--relay", world.url, "--key-file", str(world.key_files[1]), "--store", str(tmp_path / "s.db")]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "artifacts.client",
-        "pull",
-        *args,
-        "--follow",
-        "--json",
-        cwd=BASE_DIR,
-        env=dict(os.environ),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await cli_process("pull", *args, "--follow", "--json")
     assert proc.stdout is not None
     try:
         first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
