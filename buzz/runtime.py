@@ -91,6 +91,12 @@ async def pipeline(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
 WRITE_SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan"
 
 
+def read_session_options() -> str:
+    """The main pool's sessions: every statement is cancelled past BUZZ_READ_STATEMENT_BUDGET_MS (a read with a
+    budget of its own sets statement_timeout for its transaction, which overrides this)."""
+    return f"-c statement_timeout={int(settings.BUZZ_READ_STATEMENT_BUDGET_MS)}"
+
+
 async def _open_pool(
     min_size: int, max_size: int, timeout: float, *, options: str | None = None
 ) -> AsyncConnectionPool[AsyncConnection[Any]]:
@@ -158,7 +164,9 @@ class Runtime:
             if self._pool is None or self._snapshots is None or self._writes is None:
                 limits = settings.BUZZ_DB_POOL
                 timeout = limits["timeout"]
-                self._pool = await _open_pool(limits["min_size"], limits["max_size"], timeout)
+                self._pool = await _open_pool(
+                    limits["min_size"], limits["max_size"], timeout, options=read_session_options()
+                )
                 self._snapshots = await _open_pool(0, limits["snapshot_max_size"], timeout)
                 # Opened on the first write, then kept (psycopg_pool closes an idle one after 10 min).
                 self._writes = await _open_pool(0, limits["write_max_size"], timeout, options=WRITE_SESSION_OPTIONS)

@@ -291,6 +291,16 @@ BUZZ_REDIS_PREFIX: str = env.str("BUZZ_REDIS_PREFIX", default="buzz:")
 
 # NIP-AR queries: every /query and /count runs inside this statement budget; past it, HTTP 503.
 BUZZ_QUERY_BUDGET_MS: int = env.int("BUZZ_QUERY_BUDGET_MS", default=5000)
+# Every statement on the main pool's connections (buzz.runtime.pool: NIP-01 REQ pages and COUNT, the access,
+# token and counter reads, sync's live head reads) is cancelled past this (their sessions' statement_timeout;
+# a read with a budget of its own, a /query or an incremental page, sets it for its transaction). A REQ or
+# COUNT past it ends with CLOSED "error: ...", never with a partial result presented as complete.
+BUZZ_READ_STATEMENT_BUDGET_MS: int = env.int("BUZZ_READ_STATEMENT_BUDGET_MS", default=5000)
+# 0 would be PostgreSQL's "no timeout": no budget at all.
+if BUZZ_QUERY_BUDGET_MS < 1:
+    raise _config_error("BUZZ_QUERY_BUDGET_MS must be at least 1 (milliseconds)")
+if BUZZ_READ_STATEMENT_BUDGET_MS < 1:
+    raise _config_error("BUZZ_READ_STATEMENT_BUDGET_MS must be at least 1 (milliseconds)")
 
 # NIP-AR sync (REQ {"artifact": "current", "#h": [...]}).
 BUZZ_SYNC = {

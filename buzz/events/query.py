@@ -4,6 +4,10 @@ Reads run on async psycopg (buzz.runtime). Access is decided by the caller
 through `readable_channels`; an event bound to a channel is returned only when
 its channel is in that set.
 
+The statement budget. Every statement runs on the main pool, whose sessions cancel a statement past
+BUZZ_READ_STATEMENT_BUDGET_MS: a page or a COUNT cut short that way raises ReadOverBudget, and the REQ or
+COUNT ends with CLOSED "error: ..." (no EOSE, no count), never with what it read so far as if it were all.
+
 Read slots. Each statement (a page of a REQ, a COUNT) runs holding a slot of its
 connection (`BUZZ_READS_PER_CONNECTION`, 2) and one of the process (`BUZZ_READ_SLOTS`),
 so a few clients with many large REQs can't take every database connection and stall
@@ -24,6 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
+import psycopg
 from django.conf import settings
 
 from buzz.access.policy import parse_channel_id
@@ -37,6 +42,17 @@ RATE_LIMITED = "rate-limited: too many stored reads at once on this relay, try a
 
 class ReadsBusy(Exception):
     """No read slot came free within READ_SLOT_WAIT; nothing was read."""
+
+
+class ReadOverBudget(Exception):
+    """PostgreSQL cancelled a stored read's statement past BUZZ_READ_STATEMENT_BUDGET_MS (the main pool's
+    statement_timeout, buzz.runtime.read_session_options). Its text is the CLOSED reason."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"error: the query ran past the relay's {int(settings.BUZZ_READ_STATEMENT_BUDGET_MS)} ms statement"
+            " budget; narrow the filter and try again"
+        )
 
 
 class ReadSlots:
@@ -81,6 +97,15 @@ def read_slots() -> ReadSlots:
 def connection_reads() -> asyncio.Semaphore:
     """A new connection's own bound on its concurrent stored reads."""
     return asyncio.Semaphore(settings.BUZZ_READS_PER_CONNECTION)
+
+
+@contextlib.asynccontextmanager
+async def _within_budget() -> AsyncIterator[None]:
+    """A stored read's statement, cancelled by PostgreSQL past the statement budget: ReadOverBudget."""
+    try:
+        yield
+    except psycopg.errors.QueryCanceled:
+        raise ReadOverBudget() from None
 
 
 def _any(column: str, values: Sequence[Any]) -> str:
@@ -186,7 +211,7 @@ async def query_events(
         while remaining > 0:
             page = min(PAGE_ROWS, remaining)
             sql, page_args = page_statement(community_id, f, readable_channels, after=after, rows=page)
-            async with slots.hold(reads), pool.connection() as conn:
+            async with slots.hold(reads), pool.connection() as conn, _within_budget():
                 rows = await (await conn.execute(sql, page_args)).fetchall()
             for raw, event_id, created_at in rows:
                 after = (created_at, event_id)
@@ -220,7 +245,7 @@ async def count_events(
     if not parts:
         return 0
     pool = await runtime.pool()
-    async with read_slots().hold(reads), pool.connection() as conn:
+    async with read_slots().hold(reads), pool.connection() as conn, _within_budget():
         union = " UNION ".join(parts)
         cur = await conn.execute(f"SELECT count(*) FROM ({union}) AS m", args)  # noqa: S608 - placeholders only
         row = await cur.fetchone()

@@ -38,7 +38,7 @@ from typing import Any
 
 from buzz.access.policy import Denied, channel_epochs, check_read, check_reader
 from buzz.chat.channels import STATE_KINDS
-from buzz.events.query import ReadsBusy, query_events
+from buzz.events.query import ReadOverBudget, ReadsBusy, query_events
 from buzz.live import signals
 from buzz.live.hub import HubUnavailable, LossReason, topic_for_channel
 from buzz.live.hub import Subscription as LiveSubscription
@@ -190,8 +190,8 @@ class ReqSubscription:
             raise
         except QueueFull:
             self.host.abort()
-        except ReadsBusy as busy:
-            self.end(str(busy))
+        except (ReadsBusy, ReadOverBudget) as refused:
+            self.end(str(refused))
         except Exception:
             log.exception("REQ %s failed", self.sub_id)
             self.end("error: the query failed")

@@ -19,7 +19,7 @@ from typing import Any
 from buzz.access.policy import Denied, parse_channel_id, reader_scope
 from buzz.chat.channels import STATE_KINDS
 from buzz.events.ingest import event_id_of, ingest
-from buzz.events.query import ReadsBusy, connection_reads, count_events
+from buzz.events.query import ReadOverBudget, ReadsBusy, connection_reads, count_events
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted
 from buzz.limits import Limits, limits
@@ -263,8 +263,8 @@ class Session:
             return
         try:
             n = await count_events(self.community.id, frame.filters, readable_channels=channels, reads=self.reads)
-        except ReadsBusy as busy:
-            self.reply(["CLOSED", frame.sub_id, str(busy)])
+        except (ReadsBusy, ReadOverBudget) as refused:
+            self.reply(["CLOSED", frame.sub_id, str(refused)])
             return
         except Exception:
             log.exception("COUNT failed")

@@ -6,6 +6,8 @@ sequential scan, no sort of the channel's rows, and the walk stops at the page. 
 read slots bound the statements that run at once, per connection and per process
 (test_read_slots.py tests the object): PostgreSQL's pg_stat_activity never shows more of a
 relay's stored reads running than its slots, and a relay with one slot still completes every REQ.
+The statement budget (BUZZ_READ_STATEMENT_BUDGET_MS) ends a REQ or a COUNT whose statement runs past
+it with CLOSED "error: ...": no EOSE, no count, and the connection goes on serving.
 """
 
 from __future__ import annotations
@@ -232,3 +234,47 @@ async def test_postgresql_never_runs_more_of_a_relays_stored_reads_than_its_slot
     # The sampler saw the reads run (unbounded, the same load shows 10 at once: the pool's size), never more
     # than the slots.
     assert 1 <= max(seen) <= 2, f"{max(seen)} stored reads at once, in {len(seen)} samples"
+
+
+@pytest.fixture
+def budget_channel(transactional_db: None) -> tuple[Signer, uuid.UUID]:
+    reader = Signer.generate()
+    community = make_community("budget-reads.test", "Budget reads", members=[reader])
+    channel = make_channel(community, reader, name="c")
+    with connection.cursor() as cur:
+        cur.execute(
+            _FILL.format(channel="%(channel)s::uuid"),
+            {"seed": "g", "community": community.pk, "every": 10**9, "n": 20, "channel": str(channel)},
+        )
+        cur.execute("UPDATE buzz_storedevent SET h_is_channel = true WHERE community_id = %s", [community.pk])
+    return reader, channel
+
+
+async def test_a_stored_read_past_the_statement_budget_ends_with_closed(
+    budget_channel: tuple[Signer, uuid.UUID], relay_factory: Any
+) -> None:
+    import psycopg
+
+    from tests.support.relay import relay_database_url
+
+    reader, channel = budget_channel
+    relay = relay_factory(BUZZ_READ_STATEMENT_BUDGET_MS="25")
+    everything = {"kinds": [9], "#h": [str(channel)]}
+    reason = "error: the query ran past the relay's 25 ms statement budget; narrow the filter and try again"
+    async with RelayClient.connect(relay.ws_url, host="budget-reads.test") as c:
+        assert (await c.auth(reader))[2] is True
+        # While another transaction holds the stored events' table, a read of it waits, and the statement's time
+        # runs out as a long scan's would: PostgreSQL cancels it at the budget, whatever it was doing.
+        with psycopg.connect(relay_database_url()) as holder:
+            holder.execute("LOCK TABLE buzz_storedevent IN ACCESS EXCLUSIVE MODE")
+            await c.send_json(["REQ", "slow", everything])
+            # CLOSED, and nothing before it: neither an event nor an EOSE that would call a partial set complete.
+            assert await c.recv_json(timeout=60) == ["CLOSED", "slow", reason]
+            await c.send_json(["COUNT", "n", everything])
+            assert await c.recv_json(timeout=60) == ["CLOSED", "n", reason]
+            holder.rollback()
+        # The same reads within the budget, on the same connection: the set and its count.
+        final, events = await query(c, "q", {**everything, "limit": 50})
+        assert final[0] == "EOSE" and len(events) == 20
+        await c.send_json(["COUNT", "m", everything])
+        assert (await c.expect("COUNT"))[2] == {"count": 20}
