@@ -123,18 +123,33 @@ def test_a_page_of_a_20000_message_channel_walks_an_index_without_sorting(
         assert scan["Actual Rows"] <= 101 and scan.get("Rows Removed by Filter", 0) <= 100, scan
 
 
-@pytest.fixture
-def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
+def _members_channel(host: str, *, seed: str, n: int, h_rows: bool = True) -> tuple[Signer, uuid.UUID]:
+    """A reader and a channel of theirs in a new community at `host`, holding `n` messages written in bulk: with
+    an h row each in the tag index (as rows stored before h_is_channel are), or flagged h_is_channel (as the
+    relay stores them now). The table is analyzed afterwards."""
     reader = Signer.generate()
-    community = make_community("slots.test", "Slots", members=[reader])
+    community = make_community(host, members=[reader])
     channel = make_channel(community, reader, name="c")
     with connection.cursor() as cur:
-        cur.execute(
-            _FILL.format(channel="%(channel)s::uuid"),
-            {"seed": "s", "community": community.pk, "every": 10**9, "n": 350, "channel": str(channel)},
-        )
-        cur.execute(_TAGS, {"community": community.pk})
+        args: dict[str, Any] = {
+            "seed": seed,
+            "community": community.pk,
+            "every": 10**9,
+            "n": n,
+            "channel": str(channel),
+        }
+        cur.execute(_FILL.format(channel="%(channel)s::uuid"), args)
+        if h_rows:
+            cur.execute(_TAGS, {"community": community.pk})
+        else:
+            cur.execute("UPDATE buzz_storedevent SET h_is_channel = true WHERE community_id = %s", [community.pk])
+        cur.execute("ANALYZE buzz_storedevent")
     return reader, channel
+
+
+@pytest.fixture
+def stocked(transactional_db: None) -> tuple[Signer, uuid.UUID]:
+    return _members_channel("slots.test", seed="s", n=350)
 
 
 async def test_reqs_beyond_the_read_slots_wait_and_all_complete(
@@ -173,21 +188,7 @@ async def test_reqs_beyond_the_read_slots_wait_and_all_complete(
 
 @pytest.fixture
 def slow_channel(transactional_db: None) -> tuple[Signer, uuid.UUID]:
-    reader = Signer.generate()
-    community = make_community("slow-reads.test", "Slow reads", members=[reader])
-    channel = make_channel(community, reader, name="c")
-    with connection.cursor() as cur:
-        args: dict[str, Any] = {
-            "seed": "r",
-            "community": community.pk,
-            "every": 10**9,
-            "n": BIG,
-            "channel": str(channel),
-        }
-        cur.execute(_FILL.format(channel="%(channel)s::uuid"), args)
-        cur.execute(_TAGS, {"community": community.pk})
-        cur.execute("ANALYZE buzz_storedevent")
-    return reader, channel
+    return _members_channel("slow-reads.test", seed="r", n=BIG)
 
 
 def _running_reads(stop: threading.Event, seen: list[int]) -> None:
@@ -238,16 +239,7 @@ async def test_postgresql_never_runs_more_of_a_relays_stored_reads_than_its_slot
 
 @pytest.fixture
 def budget_channel(transactional_db: None) -> tuple[Signer, uuid.UUID]:
-    reader = Signer.generate()
-    community = make_community("budget-reads.test", "Budget reads", members=[reader])
-    channel = make_channel(community, reader, name="c")
-    with connection.cursor() as cur:
-        cur.execute(
-            _FILL.format(channel="%(channel)s::uuid"),
-            {"seed": "g", "community": community.pk, "every": 10**9, "n": 20, "channel": str(channel)},
-        )
-        cur.execute("UPDATE buzz_storedevent SET h_is_channel = true WHERE community_id = %s", [community.pk])
-    return reader, channel
+    return _members_channel("budget-reads.test", seed="g", n=20, h_rows=False)
 
 
 async def test_a_stored_read_past_the_statement_budget_ends_with_closed(
