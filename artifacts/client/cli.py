@@ -284,6 +284,7 @@ async def cmd_pull(args: argparse.Namespace, out: TextIO) -> int:
 
 async def _follow(puller: Puller, args: argparse.Namespace, out: TextIO) -> int:
     """`pull --follow`: a pull, then each live push confirmed, until interrupted (a line, or a JSON line, each)."""
+    to_confirm = args.confirm  # --confirm: read once, after the first pull
     async with contextlib.aclosing(puller.follow()) as updates:
         async for update in updates:
             if isinstance(update, Pulled):
@@ -291,9 +292,9 @@ async def _follow(puller: Puller, args: argparse.Namespace, out: TextIO) -> int:
                     _json_line({"type": "pulled", **_report_json(update.report)}, out)
                 else:
                     out.write(_report_line(update.report) + "\n")
-                if args.confirm:
-                    update = Confirmed(await puller.confirm(args.confirm))
-                    args.confirm = None
+                if to_confirm:
+                    update = Confirmed(await puller.confirm(to_confirm))
+                    to_confirm = None
             if isinstance(update, Confirmed):
                 if args.json:
                     _json_line({"type": "confirmed", "changes": _entries_json(update.entries)}, out)
@@ -416,6 +417,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--relay", required=True, type=_relay, metavar="URL", help="ws:// or wss:// relay URL")
         p.add_argument("--key-file", required=True, metavar="FILE", help="file holding a hex secret key")
 
+    def attempts_arg(p: argparse.ArgumentParser, text: str) -> None:
+        p.add_argument("--attempts", type=int, default=5, metavar="N", help=text)
+
     def match_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--type", action="append", type=_type, metavar="T", help="only this type; repeat to OR types")
         p.add_argument(
@@ -456,13 +460,7 @@ def parser() -> argparse.ArgumentParser:
     match_args(p)
     p.add_argument("--json", action="store_true", help="JSON output (JSON lines with --follow)")
     p.add_argument("--follow", action="store_true", help="stay live: print each change and each resync")
-    p.add_argument(
-        "--attempts",
-        type=int,
-        default=5,
-        metavar="N",
-        help="without --follow, give up after N failed syncs in a row (default 5)",
-    )
+    attempts_arg(p, "without --follow, give up after N failed syncs in a row (default 5)")
 
     p = commands.add_parser(
         "pull",
@@ -504,13 +502,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--list", action="store_true", help="also print the saved artifacts")
     p.add_argument("--json", action="store_true", help="print the summary (and --list's events) as one JSON object")
-    p.add_argument(
-        "--attempts",
-        type=int,
-        default=5,
-        metavar="N",
-        help="tries per request while the relay answers 503 or can't be reached (default 5)",
-    )
+    attempts_arg(p, "tries per request while the relay answers 503 or can't be reached (default 5)")
 
     p = commands.add_parser(
         "ensure",

@@ -578,6 +578,7 @@ class Puller:
         (full jitter), `attempts` times in all. Raises _Reset on 409 incremental_reset, IncrementalRefused on
         any other answer, HttpError when the last try got none."""
         failures = 0
+        backoff = Backoff(random=self._rng)
         while True:
             try:
                 status, body = await self._send(payload)
@@ -594,7 +595,7 @@ class Puller:
             if status in (0, 503) and failures + 1 < self.attempts:
                 failures += 1
                 report.retries += 1
-                await self._sleep(Backoff(random=self._rng).delay(failures))
+                await self._sleep(backoff.delay(failures))
                 continue
             message = body.get("message") if isinstance(body, dict) else None
             text = message if isinstance(message, str) else str(body)[:200]

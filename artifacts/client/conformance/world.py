@@ -25,6 +25,7 @@ from .. import httpapi
 from ..connection import AuthFailed, ConnectionLost, Ok, Relay
 from ..events import Event, Keys
 from ..httpapi import RelayUrl
+from ..incremental import VERSION as INCREMENTAL_VERSION
 from ..revisions import Head, next_revision, revision
 from .runner import CheckFailed, short
 
@@ -147,7 +148,7 @@ class World:
             return isinstance(modes, list) and need in modes
         if need == "incremental":
             inc = self.artifacts.get("incremental")
-            return isinstance(inc, dict) and inc.get("version") == 1
+            return isinstance(inc, dict) and inc.get("version") == INCREMENTAL_VERSION
         if need.startswith("limit:"):
             value = self.limits.get(need.removeprefix("limit:"))
             return isinstance(value, int) and not isinstance(value, bool)
