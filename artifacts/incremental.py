@@ -588,6 +588,13 @@ _HEAD_SQL: Final = (
     " set_config('buzz.pass_start', c.t::text, true) FROM (SELECT clock_timestamp() AS t) AS c"
 )
 _HEAD_CLOCK_SQL: Final = "current_setting('buzz.pass_start')::timestamptz"
+# A read's transaction, REPEATABLE READ and READ ONLY. A read of several round trips opens it with BEGIN and
+# ends it with COMMIT. A read of one round trip (`_page_in_one_trip`) is the pipeline's implicit transaction
+# instead: its statements up to the pipeline's Sync, which commits it (the pool's connections are autocommit,
+# so psycopg sends no BEGIN of its own), in the mode its first statement sets. Two statements fewer a page;
+# tests/incremental/test_round_trips.py checks what PostgreSQL makes of it.
+_BEGIN: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+_IMPLICIT: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,14 +694,17 @@ async def _begin(
     community_id: int,
     params: dict[str, Any] | None,
     scope: tuple[Actor, list[uuid.UUID] | None] | None,
+    *,
+    implicit: bool = False,
 ) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None, ScopeCursors | None]:
-    """Inside a pipeline: BEGIN, the pass's head (the statement budget, the database clock, the policy stamp,
-    the TTL channels), for a bearer token its lookup, and for `scope` (a reader and the channels #h names, or
-    None) that reader's scope statements (`_send_scope`). Returns the head's, the token's and the scope's
-    cursors; nothing is read yet. The token and the scope run under PostgreSQL's own plan mode (the page's is
-    set after them, `_plans_sql`): their plans are PostgreSQL's choice, generic once it has made five, rather
+    """Inside a pipeline: BEGIN (with `implicit`, the mode of the pipeline's implicit transaction instead,
+    `_IMPLICIT`), the pass's head (the statement budget, the database clock, the policy stamp, the TTL
+    channels), for a bearer token its lookup, and for `scope` (a reader and the channels #h names, or None)
+    that reader's scope statements (`_send_scope`). Returns the head's, the token's and the scope's cursors;
+    nothing is read yet. The token and the scope run under PostgreSQL's own plan mode (the page's is set
+    after them, `_plans_sql`): their plans are PostgreSQL's choice, generic once it has made five, rather
     than made again for every page (about 0.1-0.2 ms of a page)."""
-    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    await conn.execute(_IMPLICIT if implicit else _BEGIN)
     head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
     token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
     scoped = await _send_scope(conn, *scope) if scope is not None else None
@@ -755,12 +765,16 @@ def _plans_sql(plans: Plans) -> str:
     return f"SELECT set_config('plan_cache_mode', %s, true){no_sort}"
 
 
-async def _send_last(conn: AsyncConnection[Any], sql: str, args: list[Any], plans: Plans) -> psycopg.AsyncCursor[Any]:
-    """Inside a pipeline: the transaction's last statement, planned as `plans` says, and its COMMIT. Returns
-    the statement's cursor; nothing is read yet."""
+async def _send_last(
+    conn: AsyncConnection[Any], sql: str, args: list[Any], plans: Plans, *, commit: bool = True
+) -> psycopg.AsyncCursor[Any]:
+    """Inside a pipeline: the transaction's last statement, planned as `plans` says, and its COMMIT (unless
+    the transaction is the pipeline's implicit one, `_IMPLICIT`). Returns the statement's cursor; nothing is
+    read yet."""
     await conn.execute(_plans_sql(plans), (plans.cache_mode,))  # type: ignore[arg-type]
     cursor = await conn.execute(sql, args)  # type: ignore[arg-type]
-    await conn.execute("COMMIT")
+    if commit:
+        await conn.execute("COMMIT")
     return cursor
 
 
@@ -1044,14 +1058,14 @@ async def _page_in_one_trip(
     who: Actor | Bearer, request: Request, deadline: float, n: int
 ) -> tuple[Actor, Request, Pass, list[Any]] | None:
     """A page in one round trip, when its reader is known (an Actor, or a token whose holder this process has
-    seen) and so is the scope of the reader's last page of this query: BEGIN, the head (budget, clock, stamp
-    and TTL channels), the token, the scope statements, the page's plan settings, the page statement over the
-    remembered scope, and COMMIT, in one pipeline, all in one snapshot. A continuation's page is planned
-    from its cursor; a first page (an initial or a later pass) from the request, with the pass's start left
-    to the database clock read in the same round trip (_HEAD_CLOCK_SQL). Then every check runs as
-    `read_page` runs it, in its order (the token, the pass against the clock and the policy stamp, the
-    reader's standing), and the page is the answer only when the reader, the pass and the scope are the
-    ones the statement was built for.
+    seen) and so is the scope of the reader's last page of this query: the head (budget, clock, stamp and TTL
+    channels), the token, the scope statements, the page's plan settings and the page statement over the
+    remembered scope, in one pipeline, in its implicit transaction (`_IMPLICIT`): one snapshot. A
+    continuation's page is planned from its cursor; a first page (an initial or a later pass) from the
+    request, with the pass's start left to the database clock read in the same round trip (_HEAD_CLOCK_SQL).
+    Then every check runs as `read_page` runs it, in its order (the token, the pass against the clock and the
+    policy stamp, the reader's standing), and the page is the answer only when the reader, the pass and the
+    scope are the ones the statement was built for.
     None: not such a request, or a guess that didn't hold (`read_page` reads it the usual way)."""
     community = who.community
     params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
@@ -1086,9 +1100,9 @@ async def _page_in_one_trip(
             plans = _plans(request.query, later=since is not None)
             async with pipeline(conn):
                 head, token, scoped = await _begin(
-                    conn, deadline, community_id, params, (known, request.query.channels())
+                    conn, deadline, community_id, params, (known, request.query.channels()), implicit=True
                 )
-                page = await _send_last(conn, sql, args, plans)
+                page = await _send_last(conn, sql, args, plans, commit=False)
             row = await head.fetchone()
             token_row = await token.fetchone() if token is not None else None
             scope_rows = await _fetch_scope(scoped) if scoped is not None else None

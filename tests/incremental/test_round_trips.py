@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -22,12 +23,14 @@ from buzz.events.ingest import ingest
 from buzz.identity.actor import Actor
 from buzz.models import Community
 from buzz.nostr import Signer
+from buzz.runtime import pipeline, runtime
 from tests.support.factories import make_channel, make_community, make_token, revision
-from tests.support.inprocess import Harness, actor_of, community_info
+from tests.support.inprocess import WAIT, Harness, actor_of, community_info
 
 HOST = "incremental-trips.test"
 WARMUP = 6
 DEADLINE_S = 8.0
+PROBE_LOCK = 4_242_001  # an advisory lock key of test_a_page_in_one_round_trip_is_one_read_only_snapshot
 
 PINNED = {
     # The first page of a pass whose reader and scope this process knows from the reader's last page of the
@@ -198,3 +201,52 @@ async def test_a_first_page_in_one_round_trip_refuses_a_reader_banned_since(
             assert (trips.total == 1) == remembered, trips
             refusals.append(refused.value.reason)
     assert refusals[0] == refusals[1] == BANNED
+
+
+async def test_a_page_in_one_round_trip_is_one_read_only_snapshot(transactional_db: None) -> None:
+    """What PostgreSQL makes of `_page_in_one_trip`'s transaction: the statements of one pipeline on the pool's
+    connection, opened by `incremental._IMPLICIT` and sent without BEGIN or COMMIT, are one REPEATABLE READ,
+    READ ONLY transaction up to the pipeline's Sync. A row committed elsewhere between two of its statements
+    is not seen by the second, a setting made SET LOCAL holds until the Sync, and the Sync commits it: the
+    connection is idle after it, and its next statement sees the row."""
+    pool = await runtime.pool()
+    assert isinstance(pool.conninfo, str)
+    other = await psycopg.AsyncConnection.connect(pool.conninfo, autocommit=True)
+    try:
+        await other.execute("CREATE TABLE one_trip_probe (n int)")
+        await other.execute("SELECT pg_advisory_lock(%s)", (PROBE_LOCK,))
+        async with pool.connection() as conn:
+            backend = conn.info.backend_pid
+
+            probe = "SELECT count(*), current_setting('buzz.probe') FROM one_trip_probe"
+
+            async def one_trip() -> tuple[Any, Any]:
+                async with pipeline(conn):
+                    await conn.execute(incremental._IMPLICIT)
+                    first = await conn.execute(
+                        "SELECT count(*), current_setting('transaction_isolation'),"
+                        " current_setting('transaction_read_only'), set_config('buzz.probe', 'set', true)"
+                        " FROM one_trip_probe"
+                    )
+                    await conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (PROBE_LOCK,))
+                    second = await conn.execute(probe)
+                return await first.fetchone(), await second.fetchone()
+
+            reading = asyncio.ensure_future(one_trip())
+            # The pipeline's backend waits for the lock: its first statements have run, the snapshot is taken.
+            waiting = "SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND NOT granted"
+            deadline = asyncio.get_running_loop().time() + WAIT
+            while not (await (await other.execute(waiting, (backend,))).fetchone() or (0,))[0]:
+                assert asyncio.get_running_loop().time() < deadline, "the pipeline never reached the lock"
+                await asyncio.sleep(0.01)
+            await other.execute("INSERT INTO one_trip_probe VALUES (1)")
+            await other.execute("SELECT pg_advisory_unlock(%s)", (PROBE_LOCK,))
+            first, second = await asyncio.wait_for(reading, WAIT)
+            assert first == (0, "repeatable read", "on", "set")
+            assert second == (0, "set")
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert await (await conn.execute(probe)).fetchone() == (1, "")
+    finally:
+        await other.execute("DROP TABLE IF EXISTS one_trip_probe")
+        await other.close()
+        await runtime.aclose()
