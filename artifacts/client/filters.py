@@ -57,6 +57,13 @@ class CurrentFilter:
                 grouped[name].append(value)
         return cls(tuple(dict.fromkeys(channels)), tuple((n, tuple(v)) for n, v in grouped.items()))
 
+    def canonical(self) -> Self:
+        """The same filter spelled one way: channels, tag names and each name's values sorted. The values of a
+        name OR and the names AND, so the order given changes nothing but the text; an incremental read's
+        tokens bind the exact text of its query, so a client that keeps one store per query sends this."""
+        tags = tuple((name, tuple(sorted(values))) for name, values in sorted(self.tags))
+        return type(self)(tuple(sorted(self.channels)), tags)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"artifact": "current"}
         if self.channels:

@@ -127,10 +127,27 @@ CREATE TABLE IF NOT EXISTS preferences (d TEXT NOT NULL, name TEXT NOT NULL, val
 """
 
 
+def _query_text(query: dict[str, Any]) -> str:
+    """A query's JSON as a store binds it: keys sorted and, the order of a name's values meaning nothing,
+    its lists sorted (the canonical spelling, `CurrentFilter.canonical`)."""
+    spelled = {name: sorted(value) if isinstance(value, list) else value for name, value in query.items()}
+    return json.dumps(spelled, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _respelled(held: str | None, bound: str) -> bool:
+    """Is the held binding `bound`'s query in another spelling (a store bound before queries were canonical)?"""
+    try:
+        query = json.loads(held) if held is not None else None
+        return isinstance(query, dict) and _query_text(query) == bound
+    except (ValueError, TypeError):  # not JSON, or lists of values that don't sort: not a query of ours
+        return False
+
+
 class Store:
     """The local store of one (relay, reader, query): the saved rows, the checkpoint and preferences, in one
     SQLite file (":memory:" for none). A checkpoint binds the reader and the exact query, so a store opened
-    for another relay, key or query is a StoreMismatch."""
+    for another relay, key or query is a StoreMismatch. The same query with its values in another order is
+    the same query (`CurrentFilter.canonical`)."""
 
     def __init__(self, path: str | Path, *, relay: RelayUrl, pubkey: str, query: CurrentFilter) -> None:
         self.path = str(path)
@@ -140,12 +157,19 @@ class Store:
             "format": STORE_FORMAT,
             "relay": relay.http,
             "pubkey": pubkey,
-            "query": json.dumps(query.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False),
+            "query": _query_text(query.canonical().to_json()),
         }
         with self.transaction() as db:
             held = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('format', 'relay', 'pubkey', 'query')"))
             if not held:
                 db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", binding.items())
+            elif held.get("query") != binding["query"] and _respelled(held.get("query"), binding["query"]):
+                # Bound by an earlier client to the query as it was given (values in their order): the same
+                # query. Its checkpoint was minted for that spelling, which this client no longer sends, so
+                # it goes: the next pull is an initial pass with the revalidation of the rows held.
+                db.execute("UPDATE meta SET value = ? WHERE key = 'query'", (binding["query"],))
+                db.execute("DELETE FROM meta WHERE key = 'checkpoint'")
+                held["query"] = binding["query"]
         if held and held != binding:
             wrong = next(k for k in binding if held.get(k) != binding[k])
             self._db.close()
@@ -396,7 +420,8 @@ class Puller:
         post: Poster | None = None,
         capability: Capability | None = None,
     ) -> None:
-        self.url, self.keys, self.query, self.store = url, keys, query, store
+        # The query as it is sent, spelled one way: its tokens bind its exact text (`Store` binds the same).
+        self.url, self.keys, self.query, self.store = url, keys, query.canonical(), store
         self.attempts, self.timeout, self.max_resets = attempts, timeout, max_resets
         self._rng, self._sleep = rng, sleep
         # One signed POST /query of one filter: (status, decoded body); HttpError when no answer came.

@@ -5,6 +5,7 @@ relay is tests/client/test_client_incremental_relay.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -269,6 +270,44 @@ def test_a_store_is_bound_to_its_relay_reader_and_query(tmp_path: Path) -> None:
         with pytest.raises(StoreMismatch, match=f"another {what}"):
             Store(path, **args)
     Store(path, relay=URL, pubkey=KEYS.pubkey, query=CurrentFilter.of(types=["buzz.task"])).close()
+
+
+def test_the_order_of_a_querys_values_changes_neither_its_store_nor_what_is_sent(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    given = CurrentFilter.of([H2, H1], types=["buzz.task", "buzz.note"], tags={"status": ["open", "done"]})
+    again = CurrentFilter.of([H1, H2], tags={"status": ["done", "open"]}, types=["buzz.note", "buzz.task"])
+    Store(path, relay=URL, pubkey=KEYS.pubkey, query=given).close()
+    store = Store(path, relay=URL, pubkey=KEYS.pubkey, query=again)  # the same query: no StoreMismatch
+    sent = [Puller(URL, KEYS, q, store).query.to_json() for q in (given, again)]
+    spelled = {"artifact": "current", "#h": [H1, H2], "#status": ["done", "open"], "#type": ["buzz.note", "buzz.task"]}
+    assert sent[0] == sent[1] == spelled
+    with pytest.raises(StoreMismatch, match="another query"):
+        Store(path, relay=URL, pubkey=KEYS.pubkey, query=CurrentFilter.of([H1], types=["buzz.note", "buzz.task"]))
+
+
+async def test_a_store_bound_to_another_spelling_of_its_query_keeps_its_rows_and_recovers(tmp_path: Path) -> None:
+    """A store an earlier client bound to the query as given (values in their order) opens for the same query:
+    its rows stay, and its checkpoint, minted for a spelling no longer sent, is dropped, so the next pull is
+    the initial pass that revalidates them."""
+    path = tmp_path / "s.db"
+    query = CurrentFilter.of(types=["buzz.task", "buzz.note"])
+    store = Store(path, relay=URL, pubkey=KEYS.pubkey, query=query)
+    a = art(1)
+    first = Script([(200, page([upsert(a)], checkpoint="cp1"))])
+    await Puller(URL, KEYS, query, store, post=first, capability=CAP).pull()
+    assert store.checkpoint == "cp1"
+    # As the earlier client bound it: the values in the order given.
+    earlier = json.dumps(query.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert '["buzz.task","buzz.note"]' in earlier
+    with store.transaction() as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'query'", (earlier,))
+    store.close()
+    store = Store(path, relay=URL, pubkey=KEYS.pubkey, query=query)
+    assert store.checkpoint is None and store.heads() == {a.first("d"): a.id}
+    script = Script([(200, page([upsert(a)], checkpoint="cp2"))])
+    report = await Puller(URL, KEYS, query, store, post=script, capability=CAP).pull()
+    assert report.kind == "initial" and "checkpoint" not in script.requests[0]
+    assert script.requests[0]["query"]["#type"] == ["buzz.note", "buzz.task"] and store.checkpoint == "cp2"
 
 
 # A property over the store: whatever the relay says, in whatever order, the store ends as a model that
