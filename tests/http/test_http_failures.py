@@ -6,7 +6,8 @@ Each failure is forced for real against relay processes:
 - a database failure: the relay's one pool backend is killed (pg_terminate_backend); the next
   request answers 503, and the one after it works again on a fresh connection;
 - the budget: the access reads of /query and /count run inside the budgeted transaction, so a
-  lock on a table only they read ends the request with the budget's 503 while the lock is held.
+  lock on a table only they read ends the request with the budget's 503 while the lock is held;
+- a client that goes away: a read waiting on a lock is cancelled when its client closes the connection.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +31,7 @@ from buzz.identity.communities import community_create, member_add
 from buzz.nostr import Signer
 from tests.http.http_support import Answer, request
 from tests.live.live_world import table_locked
-from tests.support.factories import message
+from tests.support.factories import message, nip98
 from tests.support.relay import RelayFactory, RelayProcess, with_database_name
 
 HOST = "http-failures.test"
@@ -210,3 +212,30 @@ async def test_access_reads_are_inside_the_budget(
     finally:
         admin_db.execute("ROLLBACK")
     assert (await call(relay, world, "POST", path, body)).status == 200
+
+
+@pytest.mark.parametrize("path", ["/query", "/count"])
+async def test_a_read_whose_client_goes_away_is_cancelled(
+    path: str, world: dict[str, Any], relay_factory: RelayFactory, admin_db: psycopg.Connection[Any]
+) -> None:
+    """The front cancels a view whose client disconnects (buzz.web.front, once the view has run a while): a read
+    waiting on a lock, whose client then closes its connection, stops waiting while the lock is still held and
+    its budgets are two minutes off, and the relay answers the next request."""
+    relay = relay_factory(BUZZ_QUERY_BUDGET_MS="120000", BUZZ_READ_STATEMENT_BUDGET_MS="120000")
+    body = json.dumps([{"artifact": "current"}]).encode()
+    assert (await call(relay, world, "POST", path, body)).status == 200
+    admin_db.execute("BEGIN")
+    admin_db.execute("LOCK TABLE artifacts_artifact IN ACCESS EXCLUSIVE MODE")
+    try:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nAuthorization: {nip98(world['w'], HOST, 'POST', path, body)}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        with socket.create_connection((relay.host, relay.port), timeout=10) as client:
+            client.sendall(head.encode() + body)
+            await asyncio.to_thread(wait_for, lambda: waiting_on_lock(admin_db), "the read to wait on the lock")
+        await asyncio.to_thread(wait_for, lambda: not waiting_on_lock(admin_db), "the read to be cancelled")
+    finally:
+        admin_db.execute("ROLLBACK")
+    assert (await call(relay, world, "POST", path, body)).status == 200
+    assert "Traceback" not in relay.log_text()
