@@ -12,6 +12,7 @@ import pytest
 from django.http import HttpResponse
 
 from buzz.web import front
+from tests.support.stalled import Stalled
 
 
 class Client:
@@ -44,28 +45,23 @@ async def test_a_view_that_ends_soon_never_gets_a_listener() -> None:
 
 
 async def test_a_client_that_goes_away_cancels_a_running_view() -> None:
-    client, cancelled, started = Client(), asyncio.Event(), asyncio.Event()
+    client, stalled = Client(), Stalled()
 
     async def view() -> HttpResponse:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+        await stalled.wait()
         return HttpResponse("never")
 
     async def request() -> Any:
         return await front._DisconnectWatch(client.receive).serving(view())
 
     task = asyncio.ensure_future(request())
-    await started.wait()
+    await stalled.started.wait()
     while client.calls == 0:  # the listener starts once the view has run a while
         await asyncio.sleep(0.005)
     client.gone.set()
     with pytest.raises(front._ClientGone):
         await task
-    assert cancelled.is_set() and task.cancelling() == 0
+    assert stalled.cancelled.is_set() and task.cancelling() == 0
 
 
 async def test_a_slow_view_answers_and_its_listener_goes() -> None:
@@ -86,15 +82,14 @@ async def test_a_slow_view_answers_and_its_listener_goes() -> None:
 
 
 async def test_a_cancel_that_is_not_a_disconnect_is_not_swallowed() -> None:
-    client, started = Client(), asyncio.Event()
+    client, stalled = Client(), Stalled()
 
     async def view() -> HttpResponse:
-        started.set()
-        await asyncio.Event().wait()
+        await stalled.wait()
         return HttpResponse("never")
 
     task = asyncio.ensure_future(front._DisconnectWatch(client.receive).serving(view()))
-    await started.wait()
+    await stalled.started.wait()
     await asyncio.sleep(0.03)  # the listener is running
     task.cancel()  # e.g. the server shutting down
     with pytest.raises(asyncio.CancelledError):

@@ -11,6 +11,7 @@ import psycopg_pool
 import pytest
 
 from artifacts import incremental
+from tests.support.stalled import Stalled
 
 
 def _deadline(seconds: float) -> float:
@@ -78,23 +79,18 @@ async def test_at_the_deadline_the_answer_comes_at_once_and_the_slot_waits_for_t
 
 
 async def test_a_client_that_goes_away_cancels_the_work() -> None:
-    started, cancelled = asyncio.Event(), asyncio.Event()
+    stalled = Stalled()
 
     async def work() -> str:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+        await stalled.wait()
         return "never"
 
     request = asyncio.ensure_future(incremental.within_operation(_deadline(5), work))
-    await started.wait()
+    await stalled.started.wait()
     request.cancel()
     with pytest.raises(asyncio.CancelledError):
         await request
-    await cancelled.wait()
+    await stalled.cancelled.wait()
     await asyncio.sleep(0)
     assert incremental._active == 0
 
