@@ -182,6 +182,11 @@ register(
     Step("req_fanout.py", 120, lambda o: 10.0, takes_seconds=False),
 )
 register(
+    "front",
+    "what buzz.web.front costs a POST /query answered at once with a 50 kB body, in-process, vs bare ASGI messages",
+    Step("front.py", 120, lambda o: 10.0, takes_seconds=False),
+)
+register(
     "req-page",
     "REQ of 1000 rows on a 20,000-message channel vs one hand-written SQL statement",
     Step("req_page.py", 300, lambda o: 60.0, label="req", takes_seconds=False),
