@@ -15,22 +15,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
-os.environ.setdefault("BUZZ_DEV", "1")
-os.environ.setdefault("DATABASE_URL", "postgres://bench@127.0.0.1:1/unused")  # nothing here connects
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:1/0")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import django
+import inprocess
 
-django.setup()
+inprocess.setup()
 
 import uvloop  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -22,15 +21,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "buzz.settings")
-os.environ.setdefault("BUZZ_DEV", "1")
-os.environ.setdefault("DATABASE_URL", "postgres://bench@127.0.0.1:1/unused")  # nothing here connects
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:1/0")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import django
+import inprocess
 
-django.setup()
+inprocess.setup()
 
 from buzz.nostr import Signer  # noqa: E402
 from buzz.nostr.filters import parse_filter  # noqa: E402
