@@ -766,14 +766,14 @@ def _plans_sql(plans: Plans) -> str:
 
 
 async def _send_last(
-    conn: AsyncConnection[Any], sql: str, args: list[Any], plans: Plans, *, commit: bool = True
+    conn: AsyncConnection[Any], sql: str, args: list[Any], plans: Plans, *, implicit: bool = False
 ) -> psycopg.AsyncCursor[Any]:
-    """Inside a pipeline: the transaction's last statement, planned as `plans` says, and its COMMIT (unless
-    the transaction is the pipeline's implicit one, `_IMPLICIT`). Returns the statement's cursor; nothing is
-    read yet."""
+    """Inside a pipeline: the transaction's last statement, planned as `plans` says, and its COMMIT (with
+    `implicit`, as `_begin` opened it, none: the pipeline's Sync commits it). Returns the statement's cursor;
+    nothing is read yet."""
     await conn.execute(_plans_sql(plans), (plans.cache_mode,))  # type: ignore[arg-type]
     cursor = await conn.execute(sql, args)  # type: ignore[arg-type]
-    if commit:
+    if not implicit:
         await conn.execute("COMMIT")
     return cursor
 
@@ -1102,7 +1102,7 @@ async def _page_in_one_trip(
                 head, token, scoped = await _begin(
                     conn, deadline, community_id, params, (known, request.query.channels()), implicit=True
                 )
-                page = await _send_last(conn, sql, args, plans, commit=False)
+                page = await _send_last(conn, sql, args, plans, implicit=True)
             row = await head.fetchone()
             token_row = await token.fetchone() if token is not None else None
             scope_rows = await _fetch_scope(scoped) if scoped is not None else None

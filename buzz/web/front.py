@@ -145,8 +145,11 @@ class _DisconnectWatch:
     listener started only once the view has run for DISCONNECT_WATCH_AFTER seconds."""
 
     def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a front view is served on a task (uvicorn's request task)")
         self.receive = receive
-        self.task = asyncio.current_task()
+        self.task = task
         self.listener: asyncio.Future[None] | None = None
         self.running = True
         self.gone = False
@@ -158,7 +161,7 @@ class _DisconnectWatch:
         except (asyncio.CancelledError, Exception):
             # Cancelled for the disconnect (the view may also have failed on the way out): the client is gone.
             # Any other cancel is not ours to swallow.
-            if self.gone and self.task is not None and self.task.uncancel() == 0:
+            if self.gone and self.task.uncancel() == 0:
                 raise _ClientGone from None
             raise
         finally:
@@ -173,7 +176,7 @@ class _DisconnectWatch:
             self.listener.add_done_callback(self._disconnected)
 
     def _disconnected(self, listener: asyncio.Future[None]) -> None:
-        if self.running and not listener.cancelled() and listener.exception() is None and self.task is not None:
+        if self.running and not listener.cancelled() and listener.exception() is None:
             self.gone = True
             self.task.cancel()
 
