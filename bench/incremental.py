@@ -17,8 +17,10 @@ Figures, each beside its baseline in the same run, alternating (relay, SQL, rela
            reader's channels), fetched through psycopg on one connection.
   (reference) the same initial pass through the standard library's http.client (headers parsed in
            Python: about 0.1 ms more per page), in the same alternation; the same initial pass
-           in-process (artifacts.incremental.read_page, no HTTP or authentication), once; and one
-           ordinary current-view POST /query of 100 rows, per page.
+           in-process (artifacts.incremental.read_page, no HTTP or authentication), once; one
+           ordinary current-view POST /query of 100 rows, per page; and the CPU each initial pass cost a
+           page, relay and SQL alike: the relay process's, this client's, and the rest of the machine's
+           (PostgreSQL), from /proc, medians.
   later    1,000 heads then change (one UPDATE ... FROM a revision INSERT, changed_at = clock_timestamp()),
            and a later pass from the initial pass's checkpoint (repeatable: the window keeps them).
            Baseline: hand-written SQL paging the head changes in the window [start - 120 s, now].
@@ -287,6 +289,18 @@ def service_pass(db_url: str, env: dict[str, str], host: str, pubkey: str) -> tu
     return result
 
 
+@contextlib.contextmanager
+def _cpu_window(into: list[dict[str, float]], relay_pid: int | None) -> Any:
+    """The CPU seconds spent inside the block by the relay (`relay_pid`), by this client, and by the rest of
+    the machine (PostgreSQL, as nothing else runs), appended to `into`."""
+    relay0 = common.cpu_seconds(relay_pid) if relay_pid is not None else 0.0
+    client0, busy0 = time.process_time(), common.machine_busy_seconds()
+    yield
+    relay = common.cpu_seconds(relay_pid) - relay0 if relay_pid is not None else 0.0
+    client = time.process_time() - client0
+    into.append({"relay": relay, "client": client, "rest": common.machine_busy_seconds() - busy0 - relay - client})
+
+
 def _ms(values: list[float]) -> str:
     median, low, high = (1000 * f(values) for f in (statistics.median, min, max))
     return f"median {median:8.1f} ms (min {low:.1f}, max {high:.1f})"
@@ -387,18 +401,21 @@ def main(argv: list[str] | None = None) -> int:
         relay_s: list[float] = []
         sql_s: list[float] = []
         stdlib_s: list[float] = []
+        cpu: dict[str, list[dict[str, float]]] = {"relay": [], "sql": []}
         for _ in range(args.runs):
-            t = time.perf_counter()
-            client.run(None)
-            relay_s.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            base.run(epoch, None)
-            sql_s.append(time.perf_counter() - t)
+            with _cpu_window(cpu["relay"], relay.pid):
+                t = time.perf_counter()
+                client.run(None)
+                relay_s.append(time.perf_counter() - t)
+            with _cpu_window(cpu["sql"], None):
+                t = time.perf_counter()
+                base.run(epoch, None)
+                sql_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             stdlib.run(None)
             stdlib_s.append(time.perf_counter() - t)
         results["initial"] = {
-            "relay_s": relay_s, "sql_s": sql_s, "stdlib_s": stdlib_s, "rows": len(rows), "pages": pages
+            "relay_s": relay_s, "sql_s": sql_s, "stdlib_s": stdlib_s, "rows": len(rows), "pages": pages, "cpu": cpu
         }  # fmt: skip
         profile = common.profile_path(args.profile, "incremental-initial", args.profile_format)
         if profile is not None:
@@ -462,6 +479,15 @@ def main(argv: list[str] | None = None) -> int:
         f" {common.ratio(statistics.median(stdlib_s), statistics.median(results['initial']['sql_s']))} of the SQL",
         flush=True,
     )
+    pages = results["initial"]["pages"]
+    for side, label in (("relay", "relay pass"), ("sql", "SQL pass  ")):
+        spent = {k: 1000 * statistics.median(w[k] for w in results["initial"]["cpu"][side]) / pages
+                 for k in ("relay", "client", "rest")}  # fmt: skip
+        print(
+            f"CPU per page, {label}: relay {spent['relay']:.2f} ms, this client {spent['client']:.2f} ms,"
+            f" the rest of the machine (PostgreSQL) {spent['rest']:.2f} ms",
+            flush=True,
+        )
     service_s = results["initial"]["service_s"]
     service_ratio = common.ratio(service_s, statistics.median(results["initial"]["sql_s"]))
     print(
