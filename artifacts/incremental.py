@@ -53,6 +53,9 @@ from psycopg import AsyncConnection
 from artifacts.query import ArtifactQuery, QueryError, parse_query
 from artifacts.selectors import HEAD_JOIN, current_where, current_where_in, reads_tag_index
 from buzz.access.policy import (
+    FACT_COLUMNS,
+    READER_STANDING_COLUMNS,
+    WIDE_SCOPE_COLUMNS,
     Denied,
     access_of,
     access_statement,
@@ -66,10 +69,11 @@ from buzz.access.policy import (
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
 from buzz.identity.httpauth import BEARER_REFUSED, AuthFailure
-from buzz.identity.tokens import BEARER_LOOKUP, bearer_actor, bearer_lookup
+from buzz.identity.tokens import BEARER_LOOKUP, BEARER_LOOKUP_COLUMNS, bearer_actor, bearer_lookup
 from buzz.nostr import strictjson, utf8_size
 from buzz.runtime import pipeline, runtime
 from buzz.sqlarrays import UuidArray
+from buzz.sqltext import hot_statement
 
 VERSION: Final = 1
 OVERLAP_SECONDS: Final = 120
@@ -558,8 +562,8 @@ def _remember_holder(key: tuple[int, str], actor: Actor) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ScopeRows:
-    """What a read's scope statements returned (`_send_scope`): the policy's wide scope row for a read without
-    #h; with #h the reader's standing row and the named channels' facts (None when #h names none)."""
+    """What a read's scope statements returned: the policy's wide scope row for a read without #h; with #h
+    the reader's standing row and the named channels' facts (None when #h names none)."""
 
     row: Any
     facts: list[Any] | None = None
@@ -576,31 +580,38 @@ class Snapshot:
     finished: bool = False  # committed by `finish`
 
 
-# The pass's head, a transaction's first statement after BEGIN: the statement budget (set_config(..., true)
-# is SET LOCAL, so it bounds every later statement), the database clock, the policy stamp and the TTL
-# channels. The clock is also kept for the rest of the transaction as buzz.pass_start (SET LOCAL), where a
-# first page's statement sent in the same round trip reads it as its start (_HEAD_CLOCK_SQL): the same
-# instant as the clock returned here (a timestamptz's text reads back exactly in the same session).
-_HEAD_SQL: Final = (
-    "SELECT set_config('statement_timeout', %s, true), c.t,"  # noqa: S608 - composed from code
-    f" {policy_stamp_sql('%s')},"
-    " ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %s AND ttl_seconds IS NOT NULL),"
-    " set_config('buzz.pass_start', c.t::text, true) FROM (SELECT clock_timestamp() AS t) AS c"
-)
-_HEAD_CLOCK_SQL: Final = "current_setting('buzz.pass_start')::timestamptz"
-# A read's transaction, REPEATABLE READ and READ ONLY. A read of several round trips opens it with BEGIN and
-# ends it with COMMIT. A read of one round trip (`_page_in_one_trip`) is the pipeline's implicit transaction
-# instead: its statements up to the pipeline's Sync, which commits it (the pool's connections are autocommit,
-# so psycopg sends no BEGIN of its own), in the mode its first statement sets. Two statements fewer a page;
+# Incremental reads run on connections of their own (`_connection`), at most one per operation slot, whose
+# sessions start REPEATABLE READ and READ ONLY by default, with the statement budget as their
+# statement_timeout. So a read of one round trip (`_page_in_one_trip`) is the pipeline's implicit
+# transaction in that mode (its statements up to the pipeline's Sync, which commits it: the pool's
+# connections are autocommit, so psycopg sends no BEGIN), and needs neither BEGIN nor COMMIT nor a
+# statement that sets its mode; every statement, the first included, is within the budget.
 # tests/incremental/test_round_trips.py checks what PostgreSQL makes of it.
+SESSION_OPTIONS: Final = (
+    r"-c default_transaction_isolation=repeatable\ read -c default_transaction_read_only=on"
+    f" -c statement_timeout={STATEMENT_BUDGET_MS}"
+)
+# A read of several round trips opens its transaction with BEGIN (in the same mode, said again) and ends it
+# with COMMIT.
 _BEGIN: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
-_IMPLICIT: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+
+async def read_pool() -> psycopg_pool.AsyncConnectionPool[AsyncConnection[Any]]:
+    """The incremental reads' pool (SESSION_OPTIONS): MAX_CONCURRENT connections at most, as many as the
+    operation slots, so a read never waits for one."""
+    return await runtime.session_pool("incremental", max_size=MAX_CONCURRENT, options=SESSION_OPTIONS)
+
+
+@contextlib.asynccontextmanager
+async def _connection() -> AsyncIterator[AsyncConnection[Any]]:
+    async with (await read_pool()).connection() as conn:
+        yield conn
 
 
 @dataclass(frozen=True, slots=True)
 class Plans:
     """How a read's transaction plans its page statement: plan_cache_mode, and whether the page statement may
-    sort (both set right before it, `_plans_sql`)."""
+    sort (both set right before it, `_plans_columns`)."""
 
     cache_mode: str
     sort: bool
@@ -657,23 +668,133 @@ def _plans_for(request: Request) -> Plans:
     return _plans(request.query, later=later)
 
 
-ScopeCursors = tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None]
+# The page statement's plan mode and, for a page planned without a sort (WALK_PLANS), enable_sort off, as
+# columns of a statement sent right before it, in its round trip. Both are SET LOCAL and the page is the
+# transaction's last statement, so they hold for that statement only, never for the access statements before
+# it, whose plans the pool's connections keep for everyone.
+def _plans_columns(sort: bool) -> str:
+    no_sort = "" if sort else ", set_config('enable_sort', 'off', true)"
+    return f"set_config('plan_cache_mode', %(plan_cache_mode)s, true){no_sort}"
 
 
-async def _send_scope(conn: AsyncConnection[Any], reader: Actor, named: list[uuid.UUID] | None) -> ScopeCursors:
-    """Inside a pipeline: the policy's statements that decide what `reader` reads (buzz.access.policy): for a
-    read without #h its wide scope; with #h the reader's standing and the facts of each named channel.
-    Nothing is read yet (`_fetch_scope`)."""
+# The head of a read: the first statement of its transaction, one row (or, with the named channels' facts,
+# one per channel, each with the same head). Its columns, HEAD_COLUMNS of them: the statement budget
+# (set_config(..., true) is SET LOCAL, so it bounds every later statement), the database clock, the policy
+# stamp and the TTL channels; the clock is also kept for the rest of the transaction as buzz.pass_start,
+# where a first page's statement sent in the same round trip reads it as its start (_HEAD_CLOCK_SQL): the
+# same instant as the clock returned here (a timestamptz's text reads back exactly in the same session).
+# Then, as its subqueries, in this order and each when the read sends it (`_head_sql`): a bearer token's
+# lookup and its holder's admission (BEARER_LOOKUP; NULLs for no live token), the policy's scope statements
+# for a reader known before the round trip (`_scope_parts`), and the page's plan settings when the page
+# statement follows it at once (`_plans_columns`: the head is planned before any of its own set_config
+# calls run, so they are for the statements after it). One statement instead of one each: every statement
+# a page sends costs the relay a psycopg execute and the server a bind and an execute.
+_HEAD_COLUMNS: Final = 5
+_HEAD_CLOCK_SQL: Final = "current_setting('buzz.pass_start')::timestamptz"
+
+
+@functools.lru_cache(maxsize=32)
+def _head_sql(token: bool, scope: str | None, facts: str | None, plans: bool | None) -> str:
+    """The head's text: with a token's lookup, with the scope's statement `scope` and its facts statement
+    `facts`, with the page's plan settings (`plans` is their `sort`, None for none)."""
+    columns = [
+        "set_config('statement_timeout', %(budget)s, true)",
+        "head_clock.t",
+        policy_stamp_sql("%(community)s"),
+        "ARRAY(SELECT uuid FROM buzz_channel WHERE community_id = %(community)s AND ttl_seconds IS NOT NULL)",
+        "set_config('buzz.pass_start', head_clock.t::text, true)",
+    ]
+    joins = ""
+    if token:
+        columns.append("head_token.*")
+        joins += f" LEFT JOIN LATERAL ({BEARER_LOOKUP}) AS head_token ON true"
+    if scope is not None:
+        columns.append("head_scope.*")
+        joins += f" CROSS JOIN LATERAL ({scope}) AS head_scope"
+    if facts is not None:
+        columns.append("head_facts.*")
+        joins += f" CROSS JOIN LATERAL ({facts}) AS head_facts"
+    if plans is not None:
+        columns.append(_plans_columns(plans))
+    return hot_statement(
+        f"SELECT {', '.join(columns)} FROM (SELECT clock_timestamp() AS t) AS head_clock{joins}"  # noqa: S608
+    )
+
+
+def _scope_parts(reader: Actor, named: list[uuid.UUID] | None) -> tuple[str, dict[str, Any], int, str | None]:
+    """The policy's statements that decide what `reader` reads (buzz.access.policy), as the head embeds them:
+    for a read without #h its wide scope; with #h the reader's standing, then the facts of each named channel
+    (one row each). Returns the scope's text, the parameters of both, its columns and the facts' text (None
+    when #h names none)."""
     if named is None:
-        return await conn.execute(*wide_scope_statement(reader)), None
-    standing = await conn.execute(*reader_standing_statement(reader))
-    facts = await conn.execute(*access_statement(reader, named)) if named else None
-    return standing, facts
+        sql, params = wide_scope_statement(reader)
+        return sql, params, WIDE_SCOPE_COLUMNS, None
+    sql, params = reader_standing_statement(reader)
+    if not named:
+        return sql, params, READER_STANDING_COLUMNS, None
+    facts_sql, facts_params = access_statement(reader, named)
+    return sql, {**params, **facts_params}, READER_STANDING_COLUMNS, facts_sql
 
 
-async def _fetch_scope(cursors: ScopeCursors) -> ScopeRows:
-    row = await cursors[0].fetchone()
-    return ScopeRows(row, await cursors[1].fetchall() if cursors[1] is not None else None)
+def _merged(into: dict[str, Any], params: dict[str, Any]) -> None:
+    """The parameters of an embedded statement added to the head's; a name both use has the same value."""
+    for name, value in params.items():
+        if name in into and into[name] != value:
+            raise ValueError(f"the head's statements disagree on %({name})s")
+        into[name] = value
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A read's head as its rows say: the clock, the stamp, the TTL channels, the token's row (None for no
+    live token, or none looked up) and the scope statements' rows (None when not sent)."""
+
+    now: dt.datetime
+    stamp: int
+    ttl: frozenset[uuid.UUID]
+    token: Any
+    scope: ScopeRows | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """The head `_begin` sent: its cursor and where its parts are in its rows."""
+
+    cursor: psycopg.AsyncCursor[Any]
+    token: bool  # the token's columns follow the head's
+    scope: int | None  # the columns of the scope's row after them; None: no scope
+    facts: bool  # then the facts of one named channel in each row
+
+    async def read(self) -> Head:
+        rows = await self.cursor.fetchall()
+        if not rows:
+            raise unavailable("the database did not answer; retry", "database")
+        first = rows[0]
+        at = _HEAD_COLUMNS
+        token = None
+        if self.token:
+            token = first[at : at + BEARER_LOOKUP_COLUMNS]
+            at += BEARER_LOOKUP_COLUMNS
+            if token[0] is None:  # the LEFT JOIN's NULLs: no live token of this hash
+                token = None
+        scope = _scope_rows(rows, at, self.scope, self.facts) if self.scope is not None else None
+        return Head(first[1], int(first[2] or 0), frozenset(first[3]), token, scope)
+
+
+def _scope_rows(rows: list[Any], at: int, columns: int, facts: bool) -> ScopeRows:
+    """The scope statements' rows from the rows of a statement that embeds them from column `at` on
+    (`_scope_parts`): the scope's `columns`, then with `facts` a named channel's facts in each row."""
+    standing = rows[0][at : at + columns]
+    return ScopeRows(standing, [row[at + columns : at + columns + FACT_COLUMNS] for row in rows] if facts else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _scope_text(scope: str, facts: str | None) -> str:
+    """The scope statements alone, as one statement (for a reader not known before the head)."""
+    columns, joins = "head_scope.*", ""
+    if facts is not None:
+        columns, joins = "head_scope.*, head_facts.*", f" CROSS JOIN LATERAL ({facts}) AS head_facts"
+    return hot_statement(f"SELECT {columns} FROM ({scope}) AS head_scope{joins}")  # noqa: S608 - from code
 
 
 def _scope_of(actor: Actor, query: ArtifactQuery, rows: ScopeRows, ttl: frozenset[uuid.UUID]) -> list[uuid.UUID]:
@@ -696,55 +817,63 @@ async def _begin(
     scope: tuple[Actor, list[uuid.UUID] | None] | None,
     *,
     implicit: bool = False,
-) -> tuple[psycopg.AsyncCursor[Any], psycopg.AsyncCursor[Any] | None, ScopeCursors | None]:
-    """Inside a pipeline: BEGIN (with `implicit`, the mode of the pipeline's implicit transaction instead,
-    `_IMPLICIT`), the pass's head (the statement budget, the database clock, the policy stamp, the TTL
-    channels), for a bearer token its lookup, and for `scope` (a reader and the channels #h names, or None)
-    that reader's scope statements (`_send_scope`). Returns the head's, the token's and the scope's cursors;
-    nothing is read yet. The token and the scope run under PostgreSQL's own plan mode (the page's is set
-    after them, `_plans_sql`): their plans are PostgreSQL's choice, generic once it has made five, rather
-    than made again for every page (about 0.1-0.2 ms of a page)."""
-    await conn.execute(_IMPLICIT if implicit else _BEGIN)
-    head = await conn.execute(_HEAD_SQL, (str(_statement_ms(deadline)), community_id, community_id))
-    token = await conn.execute(BEARER_LOOKUP, params) if params is not None else None
-    scoped = await _send_scope(conn, *scope) if scope is not None else None
-    return head, token, scoped
+    plans: Plans | None = None,
+) -> _Sent:
+    """Inside a pipeline: BEGIN (with `implicit`, none: the pipeline's implicit transaction, SESSION_OPTIONS),
+    then the head (`_head_sql`): the statement budget, the database clock, the policy stamp, the TTL
+    channels, for a bearer token its lookup, for `scope` (a reader and the channels #h names, or None) that
+    reader's scope statements, and with `plans` the settings of the page statement sent next. Nothing is
+    read yet. The head runs under PostgreSQL's own plan mode (the page's is set by it, for what follows): its
+    plan is PostgreSQL's choice, generic once it has made five, rather than made again for every page
+    (about 0.1-0.2 ms of a page)."""
+    if not implicit:
+        await conn.execute(_BEGIN)
+    args: dict[str, Any] = {"budget": str(_statement_ms(deadline)), "community": community_id}
+    if params is not None:
+        _merged(args, params)
+    scope_sql = facts_sql = None
+    columns: int | None = None
+    if scope is not None:
+        scope_sql, scope_args, columns, facts_sql = _scope_parts(*scope)
+        _merged(args, scope_args)
+    if plans is not None:
+        args["plan_cache_mode"] = plans.cache_mode
+    sql = _head_sql(params is not None, scope_sql, facts_sql, None if plans is None else plans.sort)
+    cursor = await conn.execute(sql, args)
+    return _Sent(cursor, params is not None, columns, facts_sql is not None)
 
 
 @contextlib.asynccontextmanager
 async def _transaction(deadline: float, who: Actor | Bearer, query: ArtifactQuery) -> AsyncIterator[Snapshot]:
     """A read-only REPEATABLE READ transaction on the writer, its budget set, and the database clock, the
     policy stamp, the TTL channels and, for a Bearer credential, the token and its holder's admission
-    read: one round trip (a pipeline; the pool's connections are autocommit, so BEGIN is sent with them).
-    With a reader known before the round trip (an Actor, or a token whose holder this process has seen),
-    the policy's statements of the query's scope are read in it too (`_send_scope`). Commit is sent with
-    the last statement (`finish`). Raises AuthFailure for a token it doesn't accept, Denied."""
+    read: one round trip (a pipeline: BEGIN and the head). With a reader known before the round trip (an
+    Actor, or a token whose holder this process has seen), the policy's statements of the query's scope are
+    read in it too. Commit is sent with the last statement (`finish`). Raises AuthFailure for a token it
+    doesn't accept, Denied."""
     community = who.community
     params = bearer_lookup(community, who.header) if isinstance(who, Bearer) else None
     if isinstance(who, Bearer) and params is None:
         raise AuthFailure(BEARER_REFUSED)  # no token of ours: no statement needed
     key = (int(community.id), str(params["hash"])) if params is not None else None
     known = _known_reader(who, params)
-    pool = await runtime.pool()
-    async with pool.connection() as conn:
+    async with _connection() as conn:
         community_id = int(community.id)
         try:
             async with pipeline(conn):
                 scope_of = (known, query.channels()) if known is not None else None
-                head, token, scoped = await _begin(conn, deadline, community_id, params, scope_of)
-            row = await head.fetchone()
-            if row is None:
-                raise unavailable("the database did not answer; retry", "database")
-            actor = bearer_actor(community, await token.fetchone()) if token is not None else who
+                sent = await _begin(conn, deadline, community_id, params, scope_of)
+            head = await sent.read()
+            actor = bearer_actor(community, head.token) if params is not None else who
             if not isinstance(actor, Actor):
                 raise AuthFailure(BEARER_REFUSED)
             if key is not None:
                 _remember_holder(key, actor)
-            snap = Snapshot(conn, row[1], int(row[2] or 0), frozenset(row[3]), actor)
+            snap = Snapshot(conn, head.now, head.stamp, head.ttl, actor)
             # The scope statements' parameters are the same for `known` and for `actor` when the holder is;
             # `scope` decides on their rows with the token's fresh scopes and channels, after the token checks.
-            if scoped is not None and known is not None and (known.pubkey, known.token_id) == holder_of(actor):
-                snap.scope_rows = await _fetch_scope(scoped)
+            if head.scope is not None and known is not None and (known.pubkey, known.token_id) == holder_of(actor):
+                snap.scope_rows = head.scope
             yield snap
             if not snap.finished:
                 await conn.execute("COMMIT")
@@ -756,22 +885,14 @@ async def _transaction(deadline: float, who: Actor | Bearer, query: ArtifactQuer
             raise
 
 
-# Sent right before a page statement, in its round trip: its plan mode and, for a page planned without a sort
-# (WALK_PLANS), enable_sort off. Both are SET LOCAL and the page is the transaction's last statement, so they
-# hold for that statement only (COMMIT ends them), never for the access statements before it, whose plans
-# the pool's connections keep for everyone.
-def _plans_sql(plans: Plans) -> str:
-    no_sort = "" if plans.sort else ", set_config('enable_sort', 'off', true)"
-    return f"SELECT set_config('plan_cache_mode', %s, true){no_sort}"
-
-
 async def _send_last(
-    conn: AsyncConnection[Any], sql: str, args: list[Any], plans: Plans, *, implicit: bool = False
+    conn: AsyncConnection[Any], sql: str, args: list[Any], plans: Plans | None, *, implicit: bool = False
 ) -> psycopg.AsyncCursor[Any]:
-    """Inside a pipeline: the transaction's last statement, planned as `plans` says, and its COMMIT (with
-    `implicit`, as `_begin` opened it, none: the pipeline's Sync commits it). Returns the statement's cursor;
-    nothing is read yet."""
-    await conn.execute(_plans_sql(plans), (plans.cache_mode,))  # type: ignore[arg-type]
+    """Inside a pipeline: the transaction's last statement, planned as `plans` says (None: the head that
+    precedes it in the same pipeline set them), and its COMMIT (with `implicit`, as `_begin` opened it, none:
+    the pipeline's Sync commits it). Returns the statement's cursor; nothing is read yet."""
+    if plans is not None:
+        await conn.execute(f"SELECT {_plans_columns(plans.sort)}", {"plan_cache_mode": plans.cache_mode})
     cursor = await conn.execute(sql, args)  # type: ignore[arg-type]
     if not implicit:
         await conn.execute("COMMIT")
@@ -797,9 +918,11 @@ async def scope(snap: Snapshot, query: ArtifactQuery) -> list[uuid.UUID]:
     """
     if snap.scope_rows is None:
         # The reader was not known before the first round trip (a token this process has not seen): one more.
-        async with pipeline(snap.conn):
-            cursors = await _send_scope(snap.conn, snap.actor, query.channels())
-        snap.scope_rows = await _fetch_scope(cursors)
+        sql, params, columns, facts = _scope_parts(snap.actor, query.channels())
+        rows = await (await snap.conn.execute(_scope_text(sql, facts), params)).fetchall()
+        if not rows:
+            raise unavailable("the database did not answer; retry", "database")
+        snap.scope_rows = _scope_rows(rows, 0, columns, facts is not None)
     return _scope_of(snap.actor, query, snap.scope_rows, snap.ttl)
 
 
@@ -1058,10 +1181,10 @@ async def _page_in_one_trip(
     who: Actor | Bearer, request: Request, deadline: float, n: int
 ) -> tuple[Actor, Request, Pass, list[Any]] | None:
     """A page in one round trip, when its reader is known (an Actor, or a token whose holder this process has
-    seen) and so is the scope of the reader's last page of this query: the head (budget, clock, stamp and TTL
-    channels), the token, the scope statements, the page's plan settings and the page statement over the
-    remembered scope, in one pipeline, in its implicit transaction (`_IMPLICIT`): one snapshot. A
-    continuation's page is planned from its cursor; a first page (an initial or a later pass) from the
+    seen) and so is the scope of the reader's last page of this query: two statements in one pipeline, in its
+    implicit transaction (SESSION_OPTIONS), so one snapshot: the head (budget, clock, stamp and TTL channels,
+    the token, the scope statements and the page's plan settings) and the page statement over the remembered
+    scope. A continuation's page is planned from its cursor; a first page (an initial or a later pass) from the
     request, with the pass's start left to the database clock read in the same round trip (_HEAD_CLOCK_SQL).
     Then every check runs as `read_page` runs it, in its order (the token, the pass against the clock and the
     policy stamp, the reader's standing), and the page is the answer only when the reader, the pass and the
@@ -1093,37 +1216,33 @@ async def _page_in_one_trip(
         sql, args = _initial_sql(known, request.query, guess, planned, n + 1, start_sql=first)
     else:
         sql, args = _later_sql(known, request.query, guess, planned, since, n + 1, start_sql=first)
-    pool = await runtime.pool()
-    async with pool.connection() as conn:
+    async with _connection() as conn:
         community_id = int(community.id)
         try:
             plans = _plans(request.query, later=since is not None)
             async with pipeline(conn):
-                head, token, scoped = await _begin(
-                    conn, deadline, community_id, params, (known, request.query.channels()), implicit=True
+                sent = await _begin(
+                    conn, deadline, community_id, params, (known, request.query.channels()), implicit=True, plans=plans
                 )
-                page = await _send_last(conn, sql, args, plans, implicit=True)
-            row = await head.fetchone()
-            token_row = await token.fetchone() if token is not None else None
-            scope_rows = await _fetch_scope(scoped) if scoped is not None else None
+                page = await _send_last(conn, sql, args, None, implicit=True)
+            head = await sent.read()
             rows = await page.fetchall()
         except BaseException:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.ACTIVE:
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute("ROLLBACK")
             raise
-    if row is None or scope_rows is None:
+    if head.scope is None:
         raise unavailable("the database did not answer; retry", "database")
-    actor = bearer_actor(community, token_row) if params is not None else who
+    actor = bearer_actor(community, head.token) if params is not None else who
     if not isinstance(actor, Actor):
         raise AuthFailure(BEARER_REFUSED)
     if params is not None:
         _remember_holder((int(community.id), str(params["hash"])), actor)
-    now, ttl = row[1], frozenset(row[3])
-    run = resume(actor, request, now=now, stamp=int(row[2] or 0))
+    run = resume(actor, request, now=head.now, stamp=head.stamp)
     if (actor.pubkey, actor.token_id, actor.channels) != (known.pubkey, known.token_id, known.channels):
         return None  # the scope statements were another reader's: decide nothing on them
-    channels = _scope_of(actor, request.query, scope_rows, ttl)
+    channels = _scope_of(actor, request.query, head.scope, head.ttl)
     _remember_scope(actor, request, channels)
     # A first page's statement read up to the database clock of this round trip: its start is the pass's.
     expected = dataclasses.replace(planned, start=run.start, stamp=run.stamp) if first else planned

@@ -124,6 +124,9 @@ class Runtime:
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._snapshots: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._writes: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        # An app's pools of sessions set up for one kind of work (`session_pool`), by name.
+        self._sessions: dict[str, AsyncConnectionPool[AsyncConnection[Any]]] = {}
+        self._sessions_loop: asyncio.AbstractEventLoop | None = None
         self._shared: dict[str, Any] = {}
         self._shared_loop: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -174,6 +177,27 @@ class Runtime:
             raise RuntimeError("database pool failed to open")
         return self._pool, self._snapshots, self._writes
 
+    async def session_pool(
+        self, name: str, *, max_size: int, options: str
+    ) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        """An app's pool `name` for the running loop: at most `max_size` connections, opened when first used,
+        whose sessions start with `options` (PostgreSQL's `-c name=value`, after the operator's PGOPTIONS), so
+        that work needing the same session settings on every use (an isolation level, a statement budget)
+        does not send them in each of its transactions. The first call of a loop decides the size and the
+        options; closed with the other pools."""
+        loop = asyncio.get_running_loop()
+        if self._sessions_loop is not loop:
+            self._sessions, self._sessions_loop = {}, loop
+        pool = self._sessions.get(name)
+        if pool is None:
+            pool = await _open_pool(0, max_size, settings.BUZZ_DB_POOL["timeout"], options=options)
+            # Another task may have opened it meanwhile (the open awaited): keep the first, close this one.
+            if name in self._sessions:
+                await pool.close()
+                return self._sessions[name]
+            self._sessions[name] = pool
+        return pool
+
     def shared(self, name: str, factory: Callable[[], T]) -> T:
         """A process-wide object of an app (e.g. a reader shared by every sync), one per event loop.
 
@@ -217,7 +241,8 @@ class Runtime:
             await publisher.flush(timeout=5.0)
         if hub is not None:
             await hub.aclose()
-        for pool in (self._pool, self._snapshots, self._writes):
+        sessions, self._sessions = self._sessions, {}
+        for pool in (self._pool, self._snapshots, self._writes, *sessions.values()):
             if pool is not None:
                 await pool.close()
         self._pool = self._snapshots = self._writes = None

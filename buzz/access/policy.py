@@ -455,6 +455,12 @@ async def check_reader(actor: Actor, *, conn: AsyncConnection[Any] | None = None
     return reader_standing_of(actor, row)
 
 
+# The columns of a row of `reader_standing_statement` and of `wide_scope_statement` (the standing's, then the
+# readable channels), for a statement that embeds them.
+READER_STANDING_COLUMNS = 3
+WIDE_SCOPE_COLUMNS = READER_STANDING_COLUMNS + 1
+
+
 def reader_standing_statement(actor: Actor) -> tuple[str, dict[str, Any]]:
     """The statement of `check_reader` and its parameters: a caller may send it with statements of its own
     (in one pipeline) and decide on its row with `reader_standing_of`."""

@@ -96,6 +96,8 @@ FROM buzz_apitoken k
 WHERE k.token_hash = %(hash)s AND k.community_id = %(community)s AND k.revoked_at IS NULL
   AND (k.expires_at IS NULL OR k.expires_at > now())
 """  # noqa: S608 - composed from code, values are placeholders
+# The columns of a row of BEARER_LOOKUP (`bearer_actor` reads them), for a statement that embeds it.
+BEARER_LOOKUP_COLUMNS = 6
 
 
 def bearer_lookup(community: CommunityInfo, header: str | None) -> dict[str, Any] | None:

@@ -77,9 +77,9 @@ async def _pass(actor: Actor, query: dict[str, Any], checkpoint: str | None = No
 
 
 async def _page_statements() -> list[tuple[int, int, str]]:
-    """(generic plans, custom plans, text) of every prepared page statement of the read pool."""
+    """(generic plans, custom plans, text) of every prepared page statement of the incremental reads' pool."""
     found: list[tuple[int, int, str]] = []
-    async with every_connection(await runtime.pool()) as connections:
+    async with every_connection(await incremental.read_pool()) as connections:
         for conn in connections:
             rows = await (
                 await conn.execute(
@@ -205,7 +205,7 @@ def _later_pages(fresh: Fresh) -> dict[str, tuple[str, list[Any]]]:
 
 
 def _keep_pass_start(fresh: Fresh, start: int) -> None:
-    """The pass's start as the head keeps it for a first page sent with it (artifacts.incremental._HEAD_SQL),
+    """The pass's start as the head keeps it for a first page sent with it (artifacts.incremental._head_sql),
     here for the test connection's session: the explained statements run in transactions of their own."""
     fresh.conn.execute("SELECT set_config('buzz.pass_start', %s::text, false)", (incremental.from_micros(start),))
 
@@ -314,17 +314,17 @@ def test_an_initial_pages_generic_plan_reads_a_page_on_never_analyzed_tables(fre
 
 
 def test_a_pages_head_reads_only_the_ttl_channels_on_never_analyzed_tables(fresh: Fresh) -> None:
-    """The head of every page (artifacts.incremental._HEAD_SQL) reads the community's TTL channels from their
+    """The head of every page (artifacts.incremental._head_sql) reads the community's TTL channels from their
     own index entries (buzz_channel's channel_ttl): the fresh community has 1,001 channels, none of them TTL.
     Without that index the plan read all of them and filtered them on ttl_seconds."""
     fresh.fill()
     assert fresh.never_analyzed(), "a fresh table has statistics"
     community = fresh.actor.community.id
     prepared = Prepared(fresh.conn)
-    prepared.prepare("head", incremental._HEAD_SQL, ["2000", community, community])
+    prepared.prepare("head", incremental._head_sql(False, None, None, None), {"budget": "2000", "community": community})
     explained = prepared.explain("head")
     assert_searched(explained, "head", first_columns(fresh.conn))
-    # A generic plan compares with the statement's parameters ($2, $3: the community), not with their values.
+    # A generic plan compares with the statement's parameters ($2: the community), not with their values.
     assert re.search(r"= \$\d", json.dumps(explained)), "not a generic plan"
     channels = [node for node in nodes(explained["Plan"]) if node.get("Relation Name") == "buzz_channel"]
     assert channels, explained

@@ -34,9 +34,10 @@ PROBE_LOCK = 4_242_001  # an advisory lock key of test_a_page_in_one_round_trip_
 
 PINNED = {
     # The first page of a pass whose reader and scope this process knows from the reader's last page of the
-    # query: BEGIN, the settings, clock, stamp and TTL channels, the token and its holder's admission, the
-    # policy's scope statements, the page over the remembered scope (up to the clock read with it) and
-    # COMMIT, in one pipeline (the page is used because the scope read with it is the same).
+    # query: the head (the budget, clock, stamp and TTL channels, the token and its holder's admission, the
+    # policy's scope statements and the page's plan settings) and the page over the remembered scope (up to
+    # the clock read with it), in one pipeline, its implicit transaction (the page is used because the scope
+    # read with it is the same).
     "bearer page": 1,
     "actor page": 1,
     # A continuation: the same, its page planned from its cursor.
@@ -53,6 +54,12 @@ PINNED = {
     "bearer later page": 1,
     "#h later page": 1,
 }
+# The statements those round trips send (every statement costs the relay a psycopg execute and the server a
+# bind and an execute): a page of one round trip is two, the head and the page. The first request of a
+# token: BEGIN and the head (with the token); the scope; the page's plan settings, the page and COMMIT. The
+# first #h page: BEGIN and the head (with the token, the reader's standing and the named channels' facts);
+# the plan settings, the page and COMMIT.
+STATEMENTS = {label: 2 for label in PINNED} | {"bearer first page": 6, "#h first page": 5}
 
 
 @pytest.fixture
@@ -93,7 +100,8 @@ async def test_round_trips_per_incremental_page(desk: tuple[Community, Signer, u
     incremental._HOLDERS.clear()
     incremental._SCOPES.clear()
     got: dict[str, int] = {}
-    async with Harness.open() as h:
+    sent: dict[str, int] = {}
+    async with Harness.open(await incremental.read_pool()) as h:
         loop_time = asyncio.get_running_loop().time
         bearer = incremental.Bearer(info, f"Bearer {token}")
 
@@ -101,6 +109,7 @@ async def test_round_trips_per_incremental_page(desk: tuple[Community, Signer, u
             trips, _, body = await h.measure(incremental.read_page(who, req, loop_time() + DEADLINE_S))
             assert trips.prepares == 0 or i < WARMUP, trips
             got[label] = trips.total
+            sent[label] = sum(len(trip.split(" + ")) for trip in trips.statements)
             return dict(json.loads(body))
 
         async def full_pass(label: str, who: Any, req: incremental.Request, i: int) -> str:
@@ -126,6 +135,7 @@ async def test_round_trips_per_incremental_page(desk: tuple[Community, Signer, u
                 assert len(body["changes"]) == 2 and body["nextCursor"], body
                 assert {c["event"]["id"] for c in body["changes"]} <= ids, body
     assert got == PINNED, f"{got}, pinned {PINNED}"
+    assert sent == STATEMENTS, f"{sent}, pinned {STATEMENTS}"
 
 
 def _reading(desk: tuple[Community, Signer, uuid.UUID, str], named: bool) -> tuple[incremental.Request, Any]:
@@ -146,7 +156,7 @@ async def test_a_page_whose_scope_guess_is_wrong_is_read_again(
     community, alice, channel, _ = desk
     ids = await three_artifacts(actor_of(community, alice), alice, channel)
     request, bearer = _reading(desk, named)
-    async with Harness.open() as h:
+    async with Harness.open(await incremental.read_pool()) as h:
         loop_time = asyncio.get_running_loop().time
         first = json.loads(await incremental.read_page(bearer, request, loop_time() + DEADLINE_S))
         more = incremental.Request(query=request.query, digest=request.digest, cursor=first["nextCursor"])
@@ -186,7 +196,7 @@ async def test_a_first_page_in_one_round_trip_refuses_a_reader_banned_since(
     community, alice, channel, _ = desk
     await three_artifacts(actor_of(community, alice), alice, channel)
     request, bearer = _reading(desk, named)
-    async with Harness.open() as h:
+    async with Harness.open(await incremental.read_pool()) as h:
         loop_time = asyncio.get_running_loop().time
         await incremental.read_page(bearer, request, loop_time() + DEADLINE_S)  # the holder and scope are known
         await sync_to_async(bans.ban_add)(community=community, pubkey=alice.pubkey)
@@ -204,29 +214,29 @@ async def test_a_first_page_in_one_round_trip_refuses_a_reader_banned_since(
 
 
 async def test_a_page_in_one_round_trip_is_one_read_only_snapshot(transactional_db: None) -> None:
-    """What PostgreSQL makes of `_page_in_one_trip`'s transaction: the statements of one pipeline on the pool's
-    connection, opened by `incremental._IMPLICIT` and sent without BEGIN or COMMIT, are one REPEATABLE READ,
-    READ ONLY transaction up to the pipeline's Sync. A row committed elsewhere between two of its statements
-    is not seen by the second, a setting made SET LOCAL holds until the Sync, and the Sync commits it: the
-    connection is idle after it, and its next statement sees the row."""
+    """What PostgreSQL makes of `_page_in_one_trip`'s transaction: the statements of one pipeline on a
+    connection of the incremental reads' pool (`incremental._connection`, its sessions started with
+    SESSION_OPTIONS), sent without BEGIN or COMMIT, are one REPEATABLE READ, READ ONLY transaction up to the
+    pipeline's Sync, its first statement already within the statement budget. A row committed elsewhere
+    between two of its statements is not seen by the second, a setting made SET LOCAL holds until the Sync,
+    and the Sync commits it: the connection is idle after it, and its next statement sees the row."""
     pool = await runtime.pool()
     assert isinstance(pool.conninfo, str)
     other = await psycopg.AsyncConnection.connect(pool.conninfo, autocommit=True)
     try:
         await other.execute("CREATE TABLE one_trip_probe (n int)")
         await other.execute("SELECT pg_advisory_lock(%s)", (PROBE_LOCK,))
-        async with pool.connection() as conn:
+        async with incremental._connection() as conn:
             backend = conn.info.backend_pid
 
             probe = "SELECT count(*), current_setting('buzz.probe') FROM one_trip_probe"
 
             async def one_trip() -> tuple[Any, Any]:
                 async with pipeline(conn):
-                    await conn.execute(incremental._IMPLICIT)
                     first = await conn.execute(
                         "SELECT count(*), current_setting('transaction_isolation'),"
-                        " current_setting('transaction_read_only'), set_config('buzz.probe', 'set', true)"
-                        " FROM one_trip_probe"
+                        " current_setting('transaction_read_only'), set_config('buzz.probe', 'set', true),"
+                        " current_setting('statement_timeout') FROM one_trip_probe"
                     )
                     await conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (PROBE_LOCK,))
                     second = await conn.execute(probe)
@@ -242,7 +252,7 @@ async def test_a_page_in_one_round_trip_is_one_read_only_snapshot(transactional_
             await other.execute("INSERT INTO one_trip_probe VALUES (1)")
             await other.execute("SELECT pg_advisory_unlock(%s)", (PROBE_LOCK,))
             first, second = await asyncio.wait_for(reading, WAIT)
-            assert first == (0, "repeatable read", "on", "set")
+            assert first == (0, "repeatable read", "on", "set", f"{incremental.STATEMENT_BUDGET_MS // 1000}s")
             assert second == (0, "set")
             assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             assert await (await conn.execute(probe)).fetchone() == (1, "")
@@ -250,3 +260,25 @@ async def test_a_page_in_one_round_trip_is_one_read_only_snapshot(transactional_
         await other.execute("DROP TABLE IF EXISTS one_trip_probe")
         await other.close()
         await runtime.aclose()
+
+
+@pytest.mark.parametrize("token", [False, True])
+@pytest.mark.parametrize("plans", [None, True, False])
+def test_every_head_is_short_enough_for_psycopg_to_keep_its_conversion(token: bool, plans: bool | None) -> None:
+    """Every head a read sends (`incremental._head_sql`: with or without a token's lookup, each kind of
+    scope, with or without the page's plan settings) passes buzz.sqltext.hot_statement, which refuses a
+    text psycopg would convert again on every execute; and it embeds what it says it does."""
+    from buzz.access import policy
+
+    scopes: list[tuple[str | None, str | None]] = [
+        (None, None),
+        (policy._STANDING_AND_READABLE_SQL, None),
+        (policy._STANDING_SQL, None),
+        (policy._STANDING_SQL, policy._ACCESS_SQL),
+    ]
+    for scope, facts in scopes:
+        text = incremental._head_sql(token, scope, facts, plans)
+        assert ("AS head_token" in text) == token
+        assert ("head_scope" in text) == (scope is not None) and ("head_facts" in text) == (facts is not None)
+        assert ("plan_cache_mode" in text) == (plans is not None)
+        assert ("enable_sort" in text) == (plans is False)

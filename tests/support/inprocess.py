@@ -72,13 +72,15 @@ class Harness:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls) -> AsyncIterator[Harness]:
+    async def open(cls, *pools: AsyncConnectionPool[AsyncConnection[Any]]) -> AsyncIterator[Harness]:
+        """Traces the runtime's pool and write pool, and `pools` (an app's pools, buzz.runtime.session_pool)."""
         prefix = os.environ["BUZZ_REDIS_PREFIX"]
         client = aioredis.Redis.from_url(os.environ["REDIS_URL"])
         listener = client.pubsub()
         await listener.psubscribe(prefix + "*")
         try:
-            yield cls(PoolTracer(await runtime.pool(), await runtime.write_pool()), listener, client, prefix)
+            tracer = PoolTracer(await runtime.pool(), await runtime.write_pool(), *pools)
+            yield cls(tracer, listener, client, prefix)
         finally:
             # The runtime flushes its publisher but leaves its task to the loop (a relay's lasts as long).
             await runtime.publisher().aclose()
