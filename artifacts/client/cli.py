@@ -205,6 +205,10 @@ def _count(n: int, word: str, plural: str | None = None) -> str:
 
 def _report_line(report: PullReport) -> str:
     what = "initial read" if report.kind == "initial" else "later read"
+    if report.restarted:
+        what += " (the relay refused the saved cursor of the pass in progress: started over)"
+    elif report.resumed:
+        what += " (went on from the saved cursor of the pass in progress)"
     if report.resets:
         what += f" after a reset ({', '.join(_safe(r) for r in report.resets)})"
     line = (
@@ -227,6 +231,8 @@ def _report_json(report: PullReport) -> dict[str, Any]:
         "revalidated": report.revalidated,
         "retries": report.retries,
         "held": report.held,
+        "resumed": report.resumed,
+        "restarted": report.restarted,
     }
 
 

@@ -7,11 +7,14 @@ and bounds":
   overlapSeconds are the ones the client holds it to;
 - a pass follows nextCursor to the final page and saves that page's checkpoint. Each page is applied in
   one local transaction, and the final page's transaction also saves the checkpoint: a failed read keeps
-  the prior checkpoint (replays are idempotent);
+  the prior checkpoint (replays are idempotent). Each page's transaction also saves the pass's progress
+  (`PassState`: the next cursor; for a recovery, the rows it has yet to bring are the store's `unseen`), so
+  the next pull, in this process or another, goes on from that cursor; a saved cursor the relay refuses
+  (400 incremental_invalid) is dropped and the pass starts over;
 - upsert saves the complete signed event, with its h as the row's saved home; remove drops that row;
   removeChannel drops the rows whose saved home is that channel. Nothing else removes a row: absence from
   a page proves nothing;
-- without a checkpoint (the first pull, an interrupted one, or after a reset) the pass is an initial read,
+- without a checkpoint (the first pull, or after a reset) the pass is an initial read,
   and the rows held when it began that it did not upsert are then revalidated with current-ID reads
   (at most currentRows per batch, a batch the relay finds too large split in two). That is the
   prescribed recovery: 409 incremental_reset (policy_changed, checkpoint_expired) drops the checkpoint
@@ -124,7 +127,47 @@ CREATE TABLE IF NOT EXISTS rows (d TEXT PRIMARY KEY, home TEXT NOT NULL, event T
 CREATE INDEX IF NOT EXISTS rows_by_home ON rows (home);
 CREATE TABLE IF NOT EXISTS preferences (d TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL,
                                         PRIMARY KEY (d, name));
+CREATE TABLE IF NOT EXISTS unseen (d TEXT PRIMARY KEY);
 """
+
+
+@dataclass(frozen=True, slots=True)
+class PassState:
+    """A pass in progress, as the store keeps it with the commit of each page, so that a pull interrupted
+    between pages resumes where it stopped instead of reading every page again. `kind` is initial (a
+    recovery: the rows held when it began and not yet upserted by it are the store's `unseen`) or later;
+    `cursor` is the next page's (None once the last page is in); `started` the pass's startedAt; an
+    initial pass's `checkpoint` is its final page's, kept until its revalidation is done."""
+
+    kind: str
+    cursor: str | None
+    started: str
+    checkpoint: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps([self.kind, self.cursor, self.started, self.checkpoint], separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> PassState | None:
+        """None for a value this client did not write (the pass then starts over)."""
+        try:
+            kind, cursor, started, checkpoint = json.loads(text)
+        except (ValueError, TypeError):
+            return None
+        texts = (cursor, checkpoint)
+        if (
+            kind not in ("initial", "later")
+            or not isinstance(started, str)
+            or not all(t is None or isinstance(t, str) for t in texts)
+        ):
+            return None
+        if (cursor is None) == (checkpoint is None) or (checkpoint is not None and kind != "initial"):
+            return None
+        return cls(kind, cursor, started, checkpoint)
+
+
+# `Store.save`'s pass argument when the commit leaves the pass as it is.
+_KEEP: Final = object()
 
 
 def _query_text(query: dict[str, Any]) -> str:
@@ -166,9 +209,10 @@ class Store:
             elif held.get("query") != binding["query"] and _respelled(held.get("query"), binding["query"]):
                 # Bound by an earlier client to the query as it was given (values in their order): the same
                 # query. Its checkpoint was minted for that spelling, which this client no longer sends, so
-                # it goes: the next pull is an initial pass with the revalidation of the rows held.
+                # it goes (with the cursor of a pass in progress): the next pull is an initial pass with the
+                # revalidation of the rows held.
                 db.execute("UPDATE meta SET value = ? WHERE key = 'query'", (binding["query"],))
-                db.execute("DELETE FROM meta WHERE key = 'checkpoint'")
+                db.execute("DELETE FROM meta WHERE key IN ('checkpoint', 'pass')")
                 held["query"] = binding["query"]
         if held and held != binding:
             wrong = next(k for k in binding if held.get(k) != binding[k])
@@ -212,24 +256,55 @@ class Store:
         return int(self._db.execute("SELECT count(*) FROM rows").fetchone()[0])
 
     def drop_checkpoint(self) -> None:
-        """The next pull is an initial read that revalidates every saved row (the prescribed recovery)."""
+        """The next pull is an initial read that revalidates every saved row (the prescribed recovery); a pass
+        in progress is dropped with the checkpoint."""
         with self.transaction() as db:
-            db.execute("DELETE FROM meta WHERE key = 'checkpoint'")
+            db.execute("DELETE FROM meta WHERE key IN ('checkpoint', 'pass')")
+            db.execute("DELETE FROM unseen")
 
-    def save(self, entries: Sequence[Entry], *, checkpoint: str | None = None) -> None:
-        """One local commit: apply `entries` in order and, when given, save `checkpoint` with them."""
+    @property
+    def pass_state(self) -> PassState | None:
+        """The pass in progress, if a pull stopped between its pages."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'pass'").fetchone()
+        return PassState.from_json(str(row[0])) if row else None
+
+    def drop_pass(self) -> None:
+        """The next pull starts its pass over (from the checkpoint, or with a recovery)."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = 'pass'")
+
+    def begin_recovery(self) -> None:
+        """A recovery begins: every row held now is to be revalidated unless its initial read upserts it."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = 'pass'")
+            db.execute("DELETE FROM unseen")
+            db.execute("INSERT INTO unseen (d) SELECT d FROM rows")
+
+    def unseen(self) -> list[str]:
+        """The rows held when the recovery began that its initial read did not upsert."""
+        return [str(r[0]) for r in self._db.execute("SELECT d FROM unseen ORDER BY d")]
+
+    def save(self, entries: Sequence[Entry], *, checkpoint: str | None = None, progress: Any = _KEEP) -> None:
+        """One local commit: apply `entries` in order and, when given, save `checkpoint` with them, and the
+        pass's `progress` (a PassState; None: the pass is over, its rows to revalidate too)."""
         with self.transaction() as db:
             for entry in entries:
                 if entry.event is not None:  # an upsert: the event, with its h as the saved home
                     event = json.dumps(entry.event.to_dict(), separators=(",", ":"), ensure_ascii=False)
                     home = entry.event.first("h") or ""
                     db.execute("INSERT OR REPLACE INTO rows (d, home, event) VALUES (?, ?, ?)", (entry.id, home, event))
+                    db.execute("DELETE FROM unseen WHERE d = ?", (entry.id,))
                 elif entry.type == "remove":
                     db.execute("DELETE FROM rows WHERE d = ?", (entry.id,))
                 else:
                     db.execute("DELETE FROM rows WHERE home = ?", (entry.id,))
             if checkpoint is not None:
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('checkpoint', ?)", (checkpoint,))
+            if progress is None:
+                db.execute("DELETE FROM meta WHERE key = 'pass'")
+                db.execute("DELETE FROM unseen")
+            elif isinstance(progress, PassState):
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('pass', ?)", (progress.to_json(),))
 
     def set_preference(self, d: str, name: str, value: str) -> None:
         with self.transaction() as db:
@@ -354,6 +429,10 @@ class PullReport:
     resets: list[str] = field(default_factory=list)
     retries: int = 0
     held: int = 0
+    # The pull went on with a pass an earlier pull left between its pages (at its saved cursor); `restarted`:
+    # the relay refused that cursor (400 incremental_invalid), so the pass started over.
+    resumed: bool = False
+    restarted: bool = False
 
     def count(self, changes: Sequence[Entry]) -> None:
         for change in changes:
@@ -443,6 +522,9 @@ class Puller:
             report = PullReport()
             while True:
                 try:
+                    state = self.store.pass_state
+                    if state is not None and await self._resume(cap, state, report):
+                        break
                     if self.store.checkpoint is None:
                         report.kind = "initial"
                         await self._recover(cap, report)
@@ -537,41 +619,79 @@ class Puller:
                 ds.append(d)
         return ds
 
+    async def _resume(self, cap: Capability, state: PassState, report: PullReport) -> bool:
+        """Go on with the pass an earlier pull left between its pages: True once it is done. False when the
+        relay refused its saved cursor (400 incremental_invalid: e.g. the relay's signing key changed
+        since), which is dropped: the pull then starts its pass over."""
+        report.kind, report.resumed = state.kind, True
+        try:
+            if state.cursor is not None:
+                checkpoint = await self._pass(
+                    cap, None, report, kind=state.kind, cursor=state.cursor, started=state.started
+                )
+            else:  # an initial pass whose pages are all in: its revalidation is left
+                checkpoint = state.checkpoint or ""
+        except IncrementalRefused as refused:
+            if (refused.status, refused.code) != (400, "incremental_invalid"):
+                raise
+            self.store.drop_pass()
+            report.restarted = True
+            return False
+        if state.kind == "initial":
+            await self._revalidate(cap, report, checkpoint)
+        return True
+
     async def _recover(self, cap: Capability, report: PullReport) -> None:
         """An initial read, then current-ID reads for the rows held when it began that it did not upsert;
         the checkpoint is saved only after both and their commits."""
-        held = self.store.ids()
-        seen: set[str] = set()
-        checkpoint = await self._pass(cap, None, report, seen)
-        stale = [d for d in held if d not in seen]
-        if stale:
-            changes = await self._current(cap, stale, report)
-            report.revalidated += len(stale)
-            report.count(changes)
-        else:
-            changes = []
-        self.store.save(changes, checkpoint=checkpoint)
+        self.store.begin_recovery()
+        checkpoint = await self._pass(cap, None, report, kind="initial")
+        await self._revalidate(cap, report, checkpoint)
+
+    async def _revalidate(self, cap: Capability, report: PullReport, checkpoint: str) -> None:
+        """A recovery's end: current-ID reads of the rows held when it began that its initial read did not
+        upsert (the store's `unseen`), applied in the commit that saves the checkpoint and ends the pass."""
+        stale = self.store.unseen()
+        changes = await self._current(cap, stale, report) if stale else []
+        report.revalidated += len(stale)
+        report.count(changes)
+        self.store.save(changes, checkpoint=checkpoint, progress=None)
 
     async def _pass(
-        self, cap: Capability, checkpoint: str | None, report: PullReport, seen: set[str] | None = None
+        self,
+        cap: Capability,
+        checkpoint: str | None,
+        report: PullReport,
+        *,
+        kind: str = "later",
+        cursor: str | None = None,
+        started: str | None = None,
     ) -> str:
-        """Every page of one pass, each applied in its own commit. A later pass saves its checkpoint with its
-        final page; an initial one returns it for `_recover` to save."""
-        extra: dict[str, Any] = {} if checkpoint is None else {"checkpoint": checkpoint}
-        started: str | None = None
+        """Every page of one pass (from `cursor`, a pass `started` at that startedAt, when it goes on with a
+        saved one), each applied in its own commit with the pass's progress (`PassState`). A later pass saves
+        its checkpoint with its final page; an initial one returns it for `_revalidate` to save."""
+        if cursor is not None:
+            extra: dict[str, Any] = {"cursor": cursor}
+        else:
+            extra = {} if checkpoint is None else {"checkpoint": checkpoint}
         while True:
             body = await self._post({"artifact": "incremental", "query": self.query.to_json(), **extra}, report)
-            page = _page(body, self.query, cap)
-            if started is not None and page.started != started:
-                raise _violation("startedAt changed within one pass")
+            try:
+                page = _page(body, self.query, cap)
+                if started is not None and page.started != started:
+                    raise _violation("startedAt changed within one pass")
+            except IncrementalProtocolError:
+                self.store.drop_pass()  # the pass can't go on: the next pull starts it over
+                raise
             started = page.started
             report.pages += 1
             report.count(page.changes)
-            # A later pass saves its checkpoint with its final page; an initial one leaves it to `_recover`.
-            self.store.save(page.changes, checkpoint=page.checkpoint if checkpoint is not None else None)
-            if seen is not None:
-                seen.update(c.id for c in page.changes if c.type == "upsert")
-            if page.checkpoint is not None:  # the final page
+            if page.checkpoint is None:
+                progress: PassState | None = PassState(kind, page.next_cursor, started)
+            else:  # the final page: a later pass ends with it, an initial one with its revalidation
+                progress = PassState(kind, None, started, page.checkpoint) if kind == "initial" else None
+            self.store.save(page.changes, checkpoint=page.checkpoint if kind == "later" else None, progress=progress)
+            if page.checkpoint is not None:
                 return page.checkpoint
             extra = {"cursor": page.next_cursor}
             if self.between_pages is not None:

@@ -5,6 +5,8 @@
 * a policy change (an open channel unlisted) gets 409 incremental_reset; the prescribed recovery drops
   exactly the saved rows that are no longer readable, and saves a checkpoint that the next pass uses;
 * writes between the pages of a pass are in the store after the next pass;
+* a pull stopped between the pages of a recovery goes on from its saved cursor in a new process, and still
+  revalidates the rows it held;
 * preferences survive their row's removal;
 * a current-ID read whose answer passes the response bound is split and still answers every id;
 * the CLI: an initial then a later pull, --list, --confirm, a store bound to another query, and a relay
@@ -160,6 +162,60 @@ async def test_writes_between_pages_arrive_with_the_next_pass(
         await puller.pull()
         assert len(written) == 3
         assert store.heads() == heads(made)
+    store.close()
+
+
+class Stop(Exception):
+    """The client process stopping between two pages."""
+
+
+async def test_a_pull_stopped_between_pages_goes_on_from_where_it_stopped(
+    relay_factory: Any, tmp_path: Path, redis_flush: Any
+) -> None:
+    relay = relay_factory(**ENABLED)
+    world = await sync_to_async(admit)(relay, tmp_path)
+    x = await sync_to_async(make_channel)(world, [world.a])  # B can't read it
+    query = CurrentFilter.of(types=[TYPE])
+    path = tmp_path / "store.db"
+    store = store_of(world, path, query)
+    async with Relay.connect(world.url, world.a) as a:
+        made = [await publish(a, task(world.a, world.channel, n)) for n in range(10)]  # 4 pages of 3
+        full = await Puller(RelayUrl.parse(world.url), world.b, query, store).pull()
+        assert full.pages == 4 and store.heads() == heads(made)
+        # A recovery (the checkpoint dropped, as after a reset) while one held row has become unreadable.
+        moved = await publish(a, next_revision(world.a, made.pop(4), "move", h=x))
+        store.drop_checkpoint()
+        stopping = Puller(RelayUrl.parse(world.url), world.b, query, store)
+        calls = 0
+
+        async def stop_after_two_pages() -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise Stop
+
+        stopping.between_pages = stop_after_two_pages
+        try:
+            await stopping.pull()
+        except Stop:
+            pass
+        else:
+            raise AssertionError("the pull did not stop between its pages")
+        saved = store.pass_state
+        assert saved is not None and saved.kind == "initial" and saved.cursor and store.checkpoint is None
+        store.close()
+        # A new client process, the same store file: it reads the pages after the saved cursor only.
+        store = store_of(world, path, query)
+        report = await Puller(RelayUrl.parse(world.url), world.b, query, store).pull()
+        assert report.resumed and not report.restarted and report.kind == "initial"
+        assert report.pages == 1, report  # 9 readable rows: pages of 3, two read before the stop
+        assert report.revalidated == 1 and report.removes == 1  # the moved row, held when the recovery began
+        assert store.heads() == heads(made) and moved.first("d") not in store.heads()
+        assert store.checkpoint is not None and store.pass_state is None
+        # The checkpoint is the resumed pass's: a later pass from it reads what changed since.
+        made[0] = await publish(a, next_revision(world.a, made[0], "update", content={"n": -1}))
+        later = await Puller(RelayUrl.parse(world.url), world.b, query, store).pull()
+        assert later.kind == "later" and not later.resumed and store.heads() == heads(made)
     store.close()
 
 

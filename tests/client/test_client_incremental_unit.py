@@ -24,8 +24,10 @@ from artifacts.client import (
     IncrementalProtocolError,
     IncrementalRefused,
     Keys,
+    PassState,
     Pulled,
     Puller,
+    PullReport,
     Reconnecting,
     RelayUrl,
     Store,
@@ -257,6 +259,92 @@ async def test_resets_without_end_stop_the_pull(store: Store) -> None:
     assert store.checkpoint is None  # spent: the next pull is the recovery
 
 
+DOWN = HttpError(0, "error: could not reach http://relay.test:7777/query: refused")
+
+
+async def test_a_recovery_stopped_between_pages_goes_on_from_its_saved_cursor(store: Store) -> None:
+    a, b, c = art(1), art(2), art(3)
+    await puller(store, Script([(200, page([upsert(a), upsert(b)], checkpoint="cp1"))])).pull()
+    store.drop_checkpoint()  # the next pull is a recovery: a and b are to be revalidated unless read again
+    with pytest.raises(HttpError):
+        await puller(store, Script([(200, page([upsert(a)], cursor="c1")), DOWN]), attempts=1).pull()
+    assert store.pass_state == PassState("initial", "c1", STARTED) and store.checkpoint is None
+    assert store.unseen() == [b.first("d")]
+    current = {"version": 1, "startedAt": STARTED, "changes": [{"type": "remove", "artifactId": b.first("d")}]}
+    script = Script([(200, page([upsert(c)], checkpoint="cp2")), (200, current)])
+    report = await puller(store, script).pull()
+    # Only the page after the saved cursor is read again; b, held when the recovery began and not read by it,
+    # is revalidated; the checkpoint comes with the revalidation, and the pass is over.
+    assert [r.get("cursor") for r in script.requests] == ["c1", None]
+    assert "checkpoint" not in script.requests[0] and script.requests[1]["artifactIds"] == [b.first("d")]
+    assert (report.kind, report.resumed, report.restarted, report.pages, report.revalidated) == (
+        "initial", True, False, 1, 1
+    )  # fmt: skip
+    assert store.heads() == {a.first("d"): a.id, c.first("d"): c.id} and store.checkpoint == "cp2"
+    assert store.pass_state is None and store.unseen() == []
+
+
+async def test_a_recovery_stopped_before_its_revalidation_goes_on_with_it(store: Store) -> None:
+    a, b = art(1), art(2)
+    await puller(store, Script([(200, page([upsert(a), upsert(b)], checkpoint="cp1"))])).pull()
+    store.drop_checkpoint()
+    with pytest.raises(HttpError):
+        await puller(store, Script([(200, page([upsert(a)], checkpoint="cp2")), DOWN]), attempts=1).pull()
+    assert store.pass_state == PassState("initial", None, STARTED, "cp2") and store.checkpoint is None
+    current = {"version": 1, "startedAt": STARTED, "changes": [upsert(b)]}
+    script = Script([(200, current)])
+    report = await puller(store, script).pull()
+    assert [r.get("artifactIds") for r in script.requests] == [[b.first("d")]]
+    assert (report.resumed, report.pages, report.revalidated) == (True, 0, 1)
+    assert store.checkpoint == "cp2" and store.pass_state is None and len(store) == 2
+
+
+async def test_a_saved_cursor_the_relay_refuses_starts_the_pass_over(store: Store) -> None:
+    a, b = art(1), art(2)
+    await puller(store, Script([(200, page([upsert(a)], checkpoint="cp1"))])).pull()
+    with pytest.raises(HttpError):
+        await puller(store, Script([(200, page([upsert(b)], cursor="c1")), DOWN]), attempts=1).pull()
+    assert store.pass_state == PassState("later", "c1", STARTED) and store.checkpoint == "cp1"
+    invalid = (400, {"error": "incremental_invalid", "reason": "token", "message": "bad cursor"})
+    script = Script([invalid, (200, page([upsert(b)], checkpoint="cp2"))])
+    report = await puller(store, script).pull()
+    # The refused cursor is dropped and the later pass starts over from the checkpoint it kept.
+    assert [(r.get("cursor"), r.get("checkpoint")) for r in script.requests] == [("c1", None), (None, "cp1")]
+    assert (report.kind, report.resumed, report.restarted, report.pages) == ("later", True, True, 1)
+    assert store.checkpoint == "cp2" and store.pass_state is None and len(store) == 2
+
+
+async def test_a_resumed_pass_whose_start_changed_is_a_violation_and_starts_over_next_time(store: Store) -> None:
+    a, b = art(1), art(2)
+    await puller(store, Script([(200, page([upsert(a)], checkpoint="cp1"))])).pull()
+    with pytest.raises(HttpError):
+        await puller(store, Script([(200, page([upsert(b)], cursor="c1")), DOWN]), attempts=1).pull()
+    other = {**page([upsert(b)], checkpoint="cp2"), "startedAt": "2026-12-08T00:00:00.000000Z"}
+    with pytest.raises(IncrementalProtocolError):
+        await puller(store, Script([(200, other)])).pull()
+    assert store.pass_state is None and store.checkpoint == "cp1"
+    script = Script([(200, page([upsert(b)], checkpoint="cp2"))])
+    report = await puller(store, script).pull()
+    assert script.requests[0].get("checkpoint") == "cp1" and not report.resumed and store.checkpoint == "cp2"
+
+
+@given(st.text(max_size=200))
+def test_a_saved_pass_this_client_did_not_write_is_no_pass(text: str) -> None:
+    state = PassState.from_json(text)
+    assert state is None or PassState.from_json(state.to_json()) == state
+
+
+@pytest.mark.parametrize(
+    "state",
+    [PassState("initial", "c", STARTED), PassState("initial", None, STARTED, "cp"), PassState("later", "c", STARTED)],
+)
+def test_a_saved_pass_reads_back_as_written(state: PassState) -> None:
+    assert PassState.from_json(state.to_json()) == state
+    # Neither a cursor nor a checkpoint, both, or a later pass holding a checkpoint: not a state of ours.
+    for bad in (["later", None, STARTED, None], ["initial", "c", STARTED, "cp"], ["later", None, STARTED, "cp"]):
+        assert PassState.from_json(json.dumps(bad)) is None
+
+
 def test_a_store_is_bound_to_its_relay_reader_and_query(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     Store(path, relay=URL, pubkey=KEYS.pubkey, query=QUERY).close()
@@ -435,3 +523,14 @@ async def test_follow_starts_over_when_the_live_subscription_gets_no_eose(store:
         finally:
             await updates.aclose()
     assert store.checkpoint is None  # nothing was pulled
+
+
+def test_the_pull_command_says_when_it_went_on_with_a_saved_pass() -> None:
+    from artifacts.client import cli
+
+    went_on = PullReport(kind="initial", pages=1, resumed=True, held=3)
+    assert "went on from the saved cursor" in cli._report_line(went_on)
+    started_over = PullReport(kind="later", pages=2, resumed=True, restarted=True)
+    assert "refused the saved cursor" in cli._report_line(started_over)
+    assert "saved cursor" not in cli._report_line(PullReport(kind="later"))
+    assert cli._report_json(started_over)["resumed"] is True and cli._report_json(started_over)["restarted"] is True
