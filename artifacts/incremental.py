@@ -669,16 +669,17 @@ def _plans_for(request: Request) -> Plans:
 
 
 # The page statement's plan mode and, for a page planned without a sort (WALK_PLANS), enable_sort off, as
-# columns of a statement sent right before it, in its round trip. Both are SET LOCAL and the page is the
-# transaction's last statement, so they hold for that statement only, never for the access statements before
-# it, whose plans the pool's connections keep for everyone.
+# columns of the statement sent right before it, in its round trip (the head, `_head_sql`, or a statement of
+# their own, `_send_last`). Both are SET LOCAL and the page is the transaction's last statement, so they hold
+# for that statement only, never for the access statements before it, whose plans the pool's connections
+# keep for everyone.
 def _plans_columns(sort: bool) -> str:
     no_sort = "" if sort else ", set_config('enable_sort', 'off', true)"
     return f"set_config('plan_cache_mode', %(plan_cache_mode)s, true){no_sort}"
 
 
 # The head of a read: the first statement of its transaction, one row (or, with the named channels' facts,
-# one per channel, each with the same head). Its columns, HEAD_COLUMNS of them: the statement budget
+# one per channel, each with the same head). Its first columns, _HEAD_COLUMNS of them: the statement budget
 # (set_config(..., true) is SET LOCAL, so it bounds every later statement), the database clock, the policy
 # stamp and the TTL channels; the clock is also kept for the rest of the transaction as buzz.pass_start,
 # where a first page's statement sent in the same round trip reads it as its start (_HEAD_CLOCK_SQL): the
