@@ -299,11 +299,18 @@ async def test_a_recovery_stopped_before_its_revalidation_goes_on_with_it(store:
     assert store.checkpoint == "cp2" and store.pass_state is None and len(store) == 2
 
 
-async def test_a_saved_cursor_the_relay_refuses_starts_the_pass_over(store: Store) -> None:
-    a, b = art(1), art(2)
-    await puller(store, Script([(200, page([upsert(a)], checkpoint="cp1"))])).pull()
+async def stopped_after_a_page(store: Store) -> Event:
+    """`store` with checkpoint cp1 (its initial pass brought art(1)), and a later pass stopped after its first
+    page (next cursor c1), which brought the returned artifact."""
+    b = art(2)
+    await puller(store, Script([(200, page([upsert(art(1))], checkpoint="cp1"))])).pull()
     with pytest.raises(HttpError):
         await puller(store, Script([(200, page([upsert(b)], cursor="c1")), DOWN]), attempts=1).pull()
+    return b
+
+
+async def test_a_saved_cursor_the_relay_refuses_starts_the_pass_over(store: Store) -> None:
+    b = await stopped_after_a_page(store)
     assert store.pass_state == PassState("later", "c1", STARTED) and store.checkpoint == "cp1"
     invalid = (400, {"error": "incremental_invalid", "reason": "token", "message": "bad cursor"})
     script = Script([invalid, (200, page([upsert(b)], checkpoint="cp2"))])
@@ -315,10 +322,7 @@ async def test_a_saved_cursor_the_relay_refuses_starts_the_pass_over(store: Stor
 
 
 async def test_a_resumed_pass_whose_start_changed_is_a_violation_and_starts_over_next_time(store: Store) -> None:
-    a, b = art(1), art(2)
-    await puller(store, Script([(200, page([upsert(a)], checkpoint="cp1"))])).pull()
-    with pytest.raises(HttpError):
-        await puller(store, Script([(200, page([upsert(b)], cursor="c1")), DOWN]), attempts=1).pull()
+    b = await stopped_after_a_page(store)
     other = {**page([upsert(b)], checkpoint="cp2"), "startedAt": "2026-12-08T00:00:00.000000Z"}
     with pytest.raises(IncrementalProtocolError):
         await puller(store, Script([(200, other)])).pull()
