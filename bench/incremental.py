@@ -22,7 +22,8 @@ Figures, each beside its baseline in the same run, alternating (relay, SQL, rela
            page, relay and SQL alike: the relay process's, this client's, and the rest of the machine's
            (PostgreSQL), from /proc, medians.
   later    1,000 heads then change (one UPDATE ... FROM a revision INSERT, changed_at = clock_timestamp()),
-           and a later pass from the initial pass's checkpoint (repeatable: the window keeps them).
+           and a later pass from the initial pass's checkpoint (repeatable: the window keeps them), 21
+           times per side (at least --runs).
            Baseline: hand-written SQL paging the head changes in the window [start - 120 s, now].
 Both sides are checked first to return the same (artifact id, head event id) sequence.
 
@@ -55,6 +56,8 @@ from common import BenchError, Server
 QUERY = {"artifact": "current", "#type": ["buzz.task"]}
 PAGE_ROWS = 100
 OVERLAP_S = 120
+# Timed later passes per side (at least --runs).
+LATER_RUNS = 21
 
 _SEED_HEADS = """
 INSERT INTO artifacts_artifact (community_id, d, type, head_id, home, root, deleted, retired, p_tags, created_at,
@@ -444,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"later pass: same {len(later)} rows in the same order ({later_pages} pages)", flush=True)
         relay_l: list[float] = []
         sql_l: list[float] = []
-        for _ in range(max(args.runs, 5)):
+        # A later pass is about 30 ms: more of them, so that a moment of a busy machine moves the median less.
+        for _ in range(max(args.runs, LATER_RUNS)):
             t = time.perf_counter()
             client.run(checkpoint)
             relay_l.append(time.perf_counter() - t)
