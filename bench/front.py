@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common
 import inprocess
 
 inprocess.setup()
@@ -132,9 +133,7 @@ def main() -> None:
     print(f"  through buzz.web.front.serve: min {min(served):.1f} us, median {median:.1f} us a request")
     print(f"  baseline, the same body as bare ASGI messages: median {baseline:.1f} us a request")
     print(f"  the front's own cost: {median - baseline:.1f} us a request; ratio {median / baseline:.1f}")
-    if args.json:
-        figures = {"front_us": median, "bare_us": baseline, "ratio": median / baseline}
-        Path(args.json).write_text(json.dumps(figures, indent=2))
+    common.write_json(args.json, {"front_us": median, "bare_us": baseline, "ratio": median / baseline})
 
 
 if __name__ == "__main__":

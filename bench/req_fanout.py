@@ -13,7 +13,6 @@ process), as a ratio. Every event is checked delivered to every REQ.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common
 import inprocess
 
 inprocess.setup()
@@ -105,9 +105,8 @@ def main() -> None:
     print(f"  on_message per REQ per event: min {min(per_req):.2f} us, median {median:.2f} us")
     print(f"  baseline, one serialization of the event (buzz.ws.req.dumps): median {baseline:.2f} us")
     print(f"  ratio on_message / one serialization: {median / baseline:.2f}")
-    if args.json:
-        figures = {"reqs": args.reqs, "on_message_us": median, "serialize_us": baseline, "ratio": median / baseline}
-        Path(args.json).write_text(json.dumps(figures, indent=2))
+    figures = {"reqs": args.reqs, "on_message_us": median, "serialize_us": baseline, "ratio": median / baseline}
+    common.write_json(args.json, figures)
 
 
 if __name__ == "__main__":
