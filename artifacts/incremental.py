@@ -709,17 +709,27 @@ def _head_sql(token: bool, scope: str | None, facts: str | None, plans: bool | N
     if token:
         columns.append("head_token.*")
         joins += f" LEFT JOIN LATERAL ({BEARER_LOOKUP}) AS head_token ON true"
+    scope_columns, scope_joins = _scope_joins(scope, facts)
+    columns += scope_columns
+    if plans is not None:
+        columns.append(_plans_columns(plans))
+    return hot_statement(
+        f"SELECT {', '.join(columns)} FROM (SELECT clock_timestamp() AS t) AS head_clock{joins}{scope_joins}"  # noqa: S608
+    )
+
+
+def _scope_joins(scope: str | None, facts: str | None) -> tuple[list[str], str]:
+    """The columns and the joins that embed the scope's statement and its facts statement (`_scope_parts`) in
+    a statement: the scope's one row, then with the facts one row per named channel."""
+    columns: list[str] = []
+    joins = ""
     if scope is not None:
         columns.append("head_scope.*")
         joins += f" CROSS JOIN LATERAL ({scope}) AS head_scope"
     if facts is not None:
         columns.append("head_facts.*")
         joins += f" CROSS JOIN LATERAL ({facts}) AS head_facts"
-    if plans is not None:
-        columns.append(_plans_columns(plans))
-    return hot_statement(
-        f"SELECT {', '.join(columns)} FROM (SELECT clock_timestamp() AS t) AS head_clock{joins}"  # noqa: S608
-    )
+    return columns, joins
 
 
 def _scope_parts(reader: Actor, named: list[uuid.UUID] | None) -> tuple[str, dict[str, Any], int, str | None]:
@@ -792,10 +802,8 @@ def _scope_rows(rows: list[Any], at: int, columns: int, facts: bool) -> ScopeRow
 @functools.lru_cache(maxsize=8)
 def _scope_text(scope: str, facts: str | None) -> str:
     """The scope statements alone, as one statement (for a reader not known before the head)."""
-    columns, joins = "head_scope.*", ""
-    if facts is not None:
-        columns, joins = "head_scope.*, head_facts.*", f" CROSS JOIN LATERAL ({facts}) AS head_facts"
-    return hot_statement(f"SELECT {columns} FROM ({scope}) AS head_scope{joins}")  # noqa: S608 - from code
+    columns, joins = _scope_joins(scope, facts)
+    return hot_statement(f"SELECT {', '.join(columns)} FROM (VALUES (1)) AS one{joins}")  # noqa: S608 - from code
 
 
 def _scope_of(actor: Actor, query: ArtifactQuery, rows: ScopeRows, ttl: frozenset[uuid.UUID]) -> list[uuid.UUID]:
