@@ -515,14 +515,15 @@ def wide_scope_of(actor: Actor, row: Sequence[Any] | None) -> list[uuid.UUID]:
     return sorted(c for c in (row[3] if row is not None else ()) if token_covers(actor, c))
 
 
-async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any]) -> list[uuid.UUID]:
-    """`reader_scope(actor, wide=True)` in one round trip: the reader's standing (Denied as check_reader
-    decides it) and the channels it joined or that are listed, sorted. NIP-AR incremental reads use it."""
+async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> list[uuid.UUID]:
+    """`reader_scope(actor, wide=True)` in one statement: the reader's standing (Denied as check_reader decides
+    it) and the channels it joined or that are listed (readable_channels), sorted. A REQ or COUNT without #h
+    sends it on a connection of its own: one round trip, where the standing and the channels were two."""
     if not has_scope(actor, SCOPE_READ):
         raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
     sql, params = wide_scope_statement(actor)
-    row = await (await conn.execute(sql, params)).fetchone()
-    return wide_scope_of(actor, row)
+    rows = await fetch_all(sql, params, conn=conn)
+    return wide_scope_of(actor, rows[0] if rows else None)
 
 
 async def reader_scope(
@@ -547,10 +548,7 @@ async def reader_scope(
             raise Denied(decision.reason)
         channels.update(named)
     if wide:
-        standing = await check_reader(actor, conn=conn)
-        if not standing.ok:
-            raise Denied(standing.reason)
-        channels.update(await readable_channels(actor, conn=conn))
+        channels.update(await wide_scope(actor, conn=conn))
         extra = sorted(set(optional) - channels)
         if extra:
             facts = await load_access_many(actor, extra, conn=conn)

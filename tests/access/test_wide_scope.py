@@ -1,7 +1,8 @@
-"""buzz.access.policy.wide_scope, the one-statement form of reader_scope(wide=True) that incremental reads
-use, answers exactly as reader_scope does: the same channels, and the same denial, for every kind of reader
-(members, open listed and unlisted channels, a DM, a deleted channel, a channel-limited token, a ban, a
-non-member of a members-only community, a revoked token)."""
+"""buzz.access.policy.wide_scope, the one statement behind reader_scope(wide=True) (REQ and COUNT without #h,
+the NIP-AR views, and embedded in incremental reads' head), answers exactly as its two parts do on their own:
+check_reader's denial, else readable_channels' channels. For every kind of reader: members, open listed and
+unlisted channels, a DM, a deleted channel, a channel-limited token, a ban, a non-member of a members-only
+community, a revoked token, a token without the read scope. And it is one round trip."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from buzz.access.policy import Denied, reader_scope, wide_scope
+from buzz.access.policy import Denied, check_reader, readable_channels, reader_scope, wide_scope
 from buzz.chat import bans, channels
 from buzz.identity import tokens
 from buzz.identity.actor import Actor
@@ -66,17 +67,36 @@ async def _answer(fn: Any) -> tuple[str, Any]:
         return "denied", err.reason
 
 
-async def test_wide_scope_answers_as_reader_scope_does(transactional_db: None) -> None:
+async def _two_statements(actor: Actor, conn: Any) -> tuple[str, Any]:
+    """The reference: the standing (check_reader), then the channels (readable_channels), one statement each."""
+    standing = await check_reader(actor, conn=conn)
+    if not standing.ok:
+        return "denied", standing.reason
+    return "ok", sorted(await readable_channels(actor, conn=conn))
+
+
+async def test_wide_scope_answers_as_its_two_parts_do(transactional_db: None) -> None:
     world = await sync_to_async(_world)()
     async with Harness.open():
         pool = await runtime.pool()
         async with pool.connection() as conn:
             seen = set()
             for name, actor in world["actors"].items():
-                old = await _answer(reader_scope(actor, wide=True, conn=conn))
-                new = await _answer(wide_scope(actor, conn=conn))
-                assert new == old, name
+                old = await _two_statements(actor, conn)
+                assert await _answer(wide_scope(actor, conn=conn)) == old, name
+                assert await _answer(reader_scope(actor, wide=True, conn=conn)) == old, name
                 seen.add(old[0])
                 if name == "member":
                     assert world["expected_nonempty"] <= set(old[1])
     assert seen == {"ok", "denied"}
+
+
+async def test_a_wide_scope_is_one_round_trip(transactional_db: None) -> None:
+    """A REQ without #h decides its scope in one round trip on a connection of its own (it was two)."""
+    world = await sync_to_async(_world)()
+    member = world["actors"]["member"]
+    async with Harness.open() as h:
+        for _ in range(2):  # the second time on a warmed-up connection
+            trips, _, got = await h.measure(reader_scope(member, wide=True))
+        assert world["expected_nonempty"] <= set(got)
+        assert trips.total == 1, str(trips)
