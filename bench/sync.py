@@ -10,10 +10,10 @@
    Redis PUBLISH -> SUBSCRIBE round trip in the same run (target <= 10x), measured twice: back to back, and
    paced as the writes are (one every PACE seconds, so each starts from an idle machine as each write does;
    on the 2-core bench VM waking the processes a message passes through costs more than the message), and
-   beside a bare fan-out of the
-   same events to the same number of subscriptions over two uvicorn processes (bench/fanout_app.py: Redis,
-   the event loop and the WebSocket writes, nothing else), which is the floor any relay in Python pays:
-   once with one socket write per connection per event (as the relay writes) and once with one per frame.
+   beside a bare fan-out of the same events to the same number of subscriptions over two uvicorn processes
+   (bench/fanout_app.py: Redis, the event loop and the WebSocket writes, nothing else), which is the floor
+   any relay in Python pays: once with one socket write per connection per event (as the relay writes) and
+   once with one per frame.
    The CPU seconds of each relay (or fan-out) process, of this client and of the rest of the machine over
    the writes are printed too: the client is Python on the same cores. --profile DIR py-spys all of them.
    Then, as a figure of its own, delivery to ONE sync on node A while node A holds --syncs - 1 syncs of
