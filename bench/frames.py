@@ -3,13 +3,15 @@
 8 authenticated clients, one frame in flight each (closed loop), one mix at a time:
   req      ["REQ", sub, {"kinds":[9], "limit":10}] -> EVENT* then EOSE, then ["CLOSE", sub]
            (CLOSE has no reply; it is sent before the next REQ)
+  req-h    the same with "#h": [a channel of its own] (each client creates an open channel first, kind 9007):
+           a REQ that names its channel, as a chat client's does
   badsig   ["EVENT", <kind-9 event with a broken signature>] -> ["OK", id, false, "invalid: ..."]
   garbage  text that is not JSON -> ["NOTICE", "invalid: ..."]
 frames/s counts server messages received per second. Baselines in the same run:
 - the same loop against bench/echo_app.py, the three frames in rotation (frames/s echoed);
 - pgbench simple-update tps with the same client count.
 
-    python bench/frames.py [--clients 8] [--seconds 8] [--mix req,badsig,garbage] [--seed 0] [--json out.json]
+    python bench/frames.py [--clients 8] [--seconds 8] [--mix req,req-h,badsig,garbage] [--seed 0] [--json out.json]
 
 --seed N stores N kind-9 events in the bench community first, so a REQ returns
 min(N, 10) EVENT frames before its EOSE (default 0: every REQ gets EOSE only).
@@ -23,6 +25,7 @@ import functools
 import itertools
 import json
 import sys
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -30,9 +33,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common
+import ingest
 from common import BenchError, LoopResult, Op, Server
 
-MIXES = ("req", "badsig", "garbage")
+MIXES = ("req", "req-h", "badsig", "garbage")
 GARBAGE = '["REQ", {not json'
 
 _SEED = """
@@ -67,7 +71,12 @@ def relay_client(server: Server, signer: Any, mix: str, index: int) -> Callable[
         async with common.ws_connect(server) as ws:
             await common.authenticate(ws, signer, server.public_url)
             sub = f"bench-{index}"
-            req = json.dumps(["REQ", sub, {"kinds": [9], "limit": 10}])
+            flt: dict[str, Any] = {"kinds": [9], "limit": 10}
+            if mix == "req-h":
+                channel = str(uuid.uuid4())
+                await ingest.send_and_confirm(ws, signer, 9007, [["h", channel], ["name", f"frames {index}"]])
+                flt["#h"] = [channel]
+            req = json.dumps(["REQ", sub, flt])
             close = json.dumps(["CLOSE", sub])
             events = itertools.cycle(bad_signature_frames(signer, 32))
 
@@ -98,7 +107,7 @@ def relay_client(server: Server, signer: Any, mix: str, index: int) -> Callable[
                     raise BenchError(f"garbage got {msg!r}")
                 return 1
 
-            yield {"req": op_req, "badsig": op_badsig, "garbage": op_garbage}[mix]
+            yield {"req": op_req, "req-h": op_req, "badsig": op_badsig, "garbage": op_garbage}[mix]
 
     return setup
 
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
             results[mix] = res
-            print(f"relay {mix:<8}: {res.describe('round trips' if mix == 'req' else 'frames')}", flush=True)
+            print(f"relay {mix:<8}: {res.describe('round trips' if mix.startswith('req') else 'frames')}", flush=True)
             common.report_profile(profile)
         echo_res = common.run_async(
             common.closed_loop(args.clients, args.seconds, lambda i: echo_client(echo, signers[i])(), server=echo)
