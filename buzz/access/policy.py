@@ -406,18 +406,6 @@ async def check_read(actor: Actor, channel: uuid.UUID, *, conn: AsyncConnection[
     return decide_read(actor, channel, access)
 
 
-async def check_read_many(
-    actor: Actor, channels: Sequence[uuid.UUID], *, conn: AsyncConnection[Any] | None = None
-) -> Decision:
-    """Read permission on every channel, in one round trip: the first denial (in the given order), or ok."""
-    facts = await load_access_many(actor, channels, conn=conn)
-    for channel in channels:
-        decision = decide_read(actor, channel, facts[channel])
-        if not decision.ok:
-            return decision
-    return Decision(True)
-
-
 _READABLE_SQL = f"""
 SELECT c.uuid FROM buzz_channel c
 WHERE c.community_id = %(community)s AND c.deleted_at IS NULL
@@ -541,16 +529,39 @@ async def reader_scope(
     joined or that is listed; unlisted open channels need to be named. `optional`: added when readable,
     skipped without a word otherwise (so the answer is no existence oracle). Raises Denied.
     """
+    channels, _ = await reader_scope_and_epochs(actor, named=named, wide=wide, optional=optional, conn=conn)
+    return channels
+
+
+async def reader_scope_and_epochs(
+    actor: Actor,
+    *,
+    named: Sequence[uuid.UUID] = (),
+    wide: bool = False,
+    optional: Sequence[uuid.UUID] = (),
+    epochs_of: Sequence[uuid.UUID] = (),
+    conn: AsyncConnection[Any] | None = None,
+) -> tuple[list[uuid.UUID], dict[uuid.UUID, int]]:
+    """`reader_scope`, and the effective access epoch (ChannelAccess.epoch) of each channel of `epochs_of`
+    that exists and is in the scope, never read after the decision: a named channel's from the facts the
+    decision is made on (one statement for both), any other's by a statement that runs before the scope's
+    (`channel_epochs`). Raises Denied."""
+    wanted = sorted(set(named))
+    others = sorted(set(epochs_of) - set(wanted))
+    epochs = await channel_epochs(actor.community.id, others, conn=conn) if others else {}
     channels: set[uuid.UUID] = set()
-    if named:
-        decision = await check_read_many(actor, sorted(set(named)), conn=conn)
-        if not decision.ok:
-            raise Denied(decision.reason)
-        channels.update(named)
+    if wanted:
+        facts = await load_access_many(actor, wanted, conn=conn)
+        for channel in wanted:  # the first denial, in channel order
+            decision = decide_read(actor, channel, facts[channel])
+            if not decision.ok:
+                raise Denied(decision.reason)
+        channels.update(wanted)
+        epochs.update((c, facts[c].epoch) for c in set(epochs_of) & channels)
     if wide:
         channels.update(await wide_scope(actor, conn=conn))
         extra = sorted(set(optional) - channels)
         if extra:
-            facts = await load_access_many(actor, extra, conn=conn)
-            channels.update(c for c in extra if decide_read(actor, c, facts[c]).ok)
-    return sorted(channels)
+            more = await load_access_many(actor, extra, conn=conn)
+            channels.update(c for c in extra if decide_read(actor, c, more[c]).ok)
+    return sorted(channels), {c: e for c, e in epochs.items() if c in channels}

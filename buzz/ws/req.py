@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from buzz.access.policy import Denied, channel_epochs, check_read, check_reader
+from buzz.access.policy import Denied, check_read, check_reader
 from buzz.chat.channels import STATE_KINDS
 from buzz.events.query import ReadOverBudget, ReadsBusy, query_events
 from buzz.live import signals
@@ -85,10 +85,13 @@ class ReqSubscription:
         filters: Sequence[Filter],
         channels: Sequence[uuid.UUID],
         *,
-        rescope: Callable[[], Awaitable[Sequence[uuid.UUID]]] | None = None,
+        rescope: Callable[[Sequence[uuid.UUID]], Awaitable[tuple[Sequence[uuid.UUID], dict[uuid.UUID, int]]]]
+        | None = None,
     ) -> None:
         """`channels`: the scope the policy granted when the REQ arrived. `rescope` decides it again (raising
-        Denied): once live interest is confirmed, the REQ reads and delivers only what is readable then."""
+        Denied), with the access epochs of the channels it is given, none read after the decision
+        (buzz.access.policy.reader_scope_and_epochs): once live interest is confirmed, the REQ reads and
+        delivers only what is readable then."""
         self.host = host
         self._rescope = rescope
         self.sub_id = sub_id
@@ -205,9 +208,10 @@ class ReqSubscription:
         if self._rescope is None:
             return True
         try:
-            # Read before the scope is decided: an epoch read after the decision could be one it did not see.
-            epochs = await channel_epochs(self.host.community.id, self.channels)
-            now = frozenset(await self._rescope())
+            # Never read after the scope is decided: an epoch read after the decision could be one it did not
+            # see. A named channel's comes with the facts the decision is made on, in the same statement.
+            scope, epochs = await self._rescope(self.channels)
+            now = frozenset(scope)
         except Denied as err:
             self.end(err.reason)
             return False
@@ -218,7 +222,7 @@ class ReqSubscription:
         if not now.issuperset(self.channels):
             self.channels = tuple(c for c in self.channels if c in now)
             self._channel_strs = frozenset(str(c) for c in self.channels)
-        self._epochs = {str(c): epoch for c, epoch in epochs.items() if c in now}
+        self._epochs = {str(c): epoch for c, epoch in epochs.items()}
         return not self.ended
 
     # --- live phase (hub callbacks: never block) -------------------------------------

@@ -13,10 +13,10 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from buzz.access.policy import Denied, parse_channel_id, reader_scope
+from buzz.access.policy import Denied, parse_channel_id, reader_scope, reader_scope_and_epochs
 from buzz.chat.channels import STATE_KINDS
 from buzz.events.ingest import event_id_of, ingest
 from buzz.events.query import ReadOverBudget, ReadsBusy, connection_reads, count_events
@@ -193,6 +193,18 @@ class Session:
         answer for missing and unreadable); a filter without #h covers every
         channel the reader can read that is listed or joined.
         """
+        actor, scope = self._scope_request(filters)
+        return await reader_scope(actor, **scope)
+
+    async def _rescope(
+        self, filters: tuple[Filter, ...], epochs_of: Sequence[uuid.UUID]
+    ) -> tuple[list[uuid.UUID], dict[uuid.UUID, int]]:
+        """`_scope_of` decided again, with the access epochs of `epochs_of` (reader_scope_and_epochs)."""
+        actor, scope = self._scope_request(filters)
+        return await reader_scope_and_epochs(actor, **scope, epochs_of=epochs_of)
+
+    def _scope_request(self, filters: tuple[Filter, ...]) -> tuple[Actor, dict[str, Any]]:
+        """The reader, and the policy's arguments for these filters (named, wide, optional). Raises Denied."""
         actor = self.actor
         if actor is None:
             raise Denied("auth-required: authenticate with NIP-42 AUTH first")
@@ -213,7 +225,7 @@ class Session:
                 if channel is None:
                     raise Denied("invalid: #h values must be lowercase channel UUIDs")
                 named.add(channel)
-        return await reader_scope(actor, named=sorted(named), wide=wide, optional=sorted(state_named))
+        return actor, {"named": sorted(named), "wide": wide, "optional": sorted(state_named)}
 
     async def _req(self, frame: ReqFrame | ModeReqFrame) -> None:
         if self.actor is None:
@@ -233,7 +245,9 @@ class Session:
             channels = await self._channels_for(frame.sub_id, frame.filters)
             filters = frame.filters
             sub = (
-                ReqSubscription(self, frame.sub_id, filters, channels, rescope=lambda: self._scope_of(filters))
+                ReqSubscription(
+                    self, frame.sub_id, filters, channels, rescope=lambda epochs_of: self._rescope(filters, epochs_of)
+                )
                 if channels is not None
                 else None
             )

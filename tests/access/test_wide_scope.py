@@ -2,15 +2,27 @@
 the NIP-AR views, and embedded in incremental reads' head), answers exactly as its two parts do on their own:
 check_reader's denial, else readable_channels' channels. For every kind of reader: members, open listed and
 unlisted channels, a DM, a deleted channel, a channel-limited token, a ban, a non-member of a members-only
-community, a revoked token, a token without the read scope. And it is one round trip."""
+community, a revoked token, a token without the read scope. And it is one round trip.
+
+Then a REQ's re-check after its SUBSCRIBE (reader_scope_and_epochs): the same decision, with the access epochs
+of the channels it covered, read with the facts of named channels (one statement for both)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from buzz.access.policy import Denied, check_reader, readable_channels, reader_scope, wide_scope
+from buzz.access.policy import (
+    Denied,
+    channel_epochs,
+    check_reader,
+    readable_channels,
+    reader_scope,
+    reader_scope_and_epochs,
+    wide_scope,
+)
 from buzz.chat import bans, channels
 from buzz.identity import tokens
 from buzz.identity.actor import Actor
@@ -20,12 +32,16 @@ from buzz.runtime import runtime
 from tests.support.factories import make_channel, make_community, make_token
 from tests.support.inprocess import Harness, actor_of, community_info
 
+# Reads before the measured one: a pool connection prepares a statement once it has run it a few times
+# (prepare_threshold, buzz.runtime), and the reads may use any of the pool's connections.
+WARMUP = 6
+
 
 def _world() -> dict[str, Any]:
     w, r, banned, outsider = (Signer.generate() for _ in range(4))
     community = make_community("wide-scope.test", members=[w, r, banned])
     mine = make_channel(community, w, visibility="private", members=[r, banned])
-    make_channel(community, w, visibility="private")
+    theirs = make_channel(community, w, visibility="private")
     listed = make_channel(community, w)
     unlisted = make_channel(community, w, listed=False)
     joined_unlisted = make_channel(community, w, listed=False, members=[r])
@@ -57,7 +73,11 @@ def _world() -> dict[str, Any]:
         "revoked token": with_token(revoked),
         "token without read": with_token(no_read),
     }
-    return {"actors": actors, "expected_nonempty": {listed, joined_unlisted, mine}}
+    return {
+        "actors": actors,
+        "expected_nonempty": {listed, joined_unlisted, mine},
+        "channels": {"mine": mine, "theirs": theirs, "listed": listed, "joined_unlisted": joined_unlisted},
+    }
 
 
 async def _answer(fn: Any) -> tuple[str, Any]:
@@ -96,7 +116,42 @@ async def test_a_wide_scope_is_one_round_trip(transactional_db: None) -> None:
     world = await sync_to_async(_world)()
     member = world["actors"]["member"]
     async with Harness.open() as h:
-        for _ in range(2):  # the second time on a warmed-up connection
+        for _ in range(WARMUP + 1):  # the last time on a warmed-up connection (its statement prepared)
             trips, _, got = await h.measure(reader_scope(member, wide=True))
         assert world["expected_nonempty"] <= set(got)
-        assert trips.total == 1, str(trips)
+        assert trips.prepares == 0 and trips.total == 1, str(trips)
+
+
+async def test_a_named_re_check_reads_its_epochs_with_its_facts(transactional_db: None) -> None:
+    """What a REQ does once its SUBSCRIBE is confirmed (buzz.ws.req `_scope_again`): the scope decided again,
+    with the access epoch of each channel it covered. Named channels' epochs come with the facts the decision
+    is made on: one statement for both. Others (a wide read) are read by a statement of their own, before the
+    scope's. Either way they are the epochs `channel_epochs` reads, of the channels still in scope, and the
+    decision is reader_scope's, a denial included."""
+    world = await sync_to_async(_world)()
+    member = world["actors"]["member"]
+    ch = world["channels"]
+    named = [ch["mine"], ch["listed"]]
+    # (the scope, the channels whose epochs are asked: a REQ asks for those it covered, and the statements)
+    cases: list[tuple[dict[str, Any], list[uuid.UUID], int]] = [
+        ({"named": named}, named, 1),
+        ({"wide": True}, [*named, ch["joined_unlisted"], ch["theirs"]], 2),
+        ({"named": [ch["mine"], ch["theirs"]]}, [ch["mine"], ch["theirs"]], 1),
+    ]
+    seen = set()
+    async with Harness.open() as h:
+        for scope, epochs_of, statements in cases:
+            expected = await _answer(reader_scope(member, **scope))
+            seen.add(expected[0])
+            for _ in range(WARMUP + 1):  # the last time on warmed-up connections (their statements prepared)
+                trips, _, got = await h.measure(_answer(reader_scope_and_epochs(member, **scope, epochs_of=epochs_of)))
+            assert trips.prepares == 0 and trips.total == statements, f"{scope}: {trips}"
+            if expected[0] == "denied":
+                assert got == expected, scope
+                continue
+            channels, epochs = got[1]
+            assert channels == expected[1], scope
+            in_scope = [c for c in epochs_of if c in channels]
+            assert epochs == await channel_epochs(member.community.id, in_scope), scope
+            assert set(epochs) == set(in_scope)
+    assert seen == {"ok", "denied"}
