@@ -489,10 +489,30 @@ async def readable_channels(actor: Actor, *, conn: AsyncConnection[Any] | None =
 _STANDING_AND_READABLE_SQL = _STANDING_SQL.rstrip() + ",\n  ARRAY(" + _READABLE_SQL.strip() + ")\n"
 
 
-def wide_scope_statement(actor: Actor) -> tuple[str, dict[str, Any]]:
-    """The statement of `wide_scope` and its parameters: a caller may send it with statements of its own
-    (in one pipeline) and read its row with `wide_scope_of`."""
-    return _STANDING_AND_READABLE_SQL, _actor_params(actor)
+# The same with each of those channels' access epoch, aggregated once, and the policy stamp: the row's
+# standing, the channels, their Channel.access_epoch in the same order, the stamp (`wide_epochs_of`).
+_READABLE_WITH_EPOCHS_SQL = _READABLE_SQL.replace("SELECT c.uuid FROM", "SELECT c.uuid, c.access_epoch FROM", 1)
+_STANDING_READABLE_AND_EPOCHS_SQL = f"""{_STANDING_SQL.rstrip()},
+  coalesce(r.channels, ARRAY[]::uuid[]), coalesce(r.epochs, ARRAY[]::bigint[]), {policy_stamp_sql("%(community)s")}
+FROM (SELECT array_agg(x.uuid ORDER BY x.uuid) AS channels, array_agg(x.access_epoch::bigint ORDER BY x.uuid) AS epochs
+      FROM ({_READABLE_WITH_EPOCHS_SQL.strip()}) x) r
+"""  # noqa: S608 - composed from code, values are placeholders
+
+
+def wide_scope_statement(actor: Actor, *, epochs: bool = False) -> tuple[str, dict[str, Any]]:
+    """The statement of reader_scope's wide scope and its parameters: a caller may send it with statements of
+    its own (in one pipeline) and read its row with `wide_scope_of`. With `epochs`, the row also holds each
+    channel's effective access epoch (`wide_epochs_of`)."""
+    return (_STANDING_READABLE_AND_EPOCHS_SQL if epochs else _STANDING_AND_READABLE_SQL), _actor_params(actor)
+
+
+def wide_epochs_of(row: Sequence[Any] | None) -> dict[uuid.UUID, int]:
+    """The effective access epoch (ChannelAccess.epoch) of each channel of a row of
+    `wide_scope_statement(actor, epochs=True)`: its own access epoch plus the policy stamp."""
+    if row is None:
+        return {}
+    stamp = int(row[5] or 0)
+    return {channel: int(epoch) + stamp for channel, epoch in zip(row[3], row[4], strict=True)}
 
 
 def wide_scope_of(actor: Actor, row: Sequence[Any] | None) -> list[uuid.UUID]:
@@ -543,12 +563,11 @@ async def reader_scope_and_epochs(
     conn: AsyncConnection[Any] | None = None,
 ) -> tuple[list[uuid.UUID], dict[uuid.UUID, int]]:
     """`reader_scope`, and the effective access epoch (ChannelAccess.epoch) of each channel of `epochs_of`
-    that exists and is in the scope, never read after the decision: a named channel's from the facts the
-    decision is made on (one statement for both), any other's by a statement that runs before the scope's
-    (`channel_epochs`). Raises Denied."""
+    that is in the scope, read in the statement that decides the channel: a named or optional channel's with
+    its facts, a wide scope's with its channels (`wide_scope_statement(epochs=True)`). The same statements
+    as reader_scope, none more. Raises Denied."""
     wanted = sorted(set(named))
-    others = sorted(set(epochs_of) - set(wanted))
-    epochs = await channel_epochs(actor.community.id, others, conn=conn) if others else {}
+    epochs: dict[uuid.UUID, int] = {}
     channels: set[uuid.UUID] = set()
     if wanted:
         facts = await load_access_many(actor, wanted, conn=conn)
@@ -557,11 +576,22 @@ async def reader_scope_and_epochs(
             if not decision.ok:
                 raise Denied(decision.reason)
         channels.update(wanted)
-        epochs.update((c, facts[c].epoch) for c in set(epochs_of) & channels)
+        epochs.update((c, facts[c].epoch) for c in wanted)
     if wide:
-        channels.update(await wide_scope(actor, conn=conn))
+        if epochs_of:
+            if not has_scope(actor, SCOPE_READ):
+                raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
+            sql, params = wide_scope_statement(actor, epochs=True)
+            rows = await fetch_all(sql, params, conn=conn)
+            row = rows[0] if rows else None
+            channels.update(wide_scope_of(actor, row))
+            epochs.update(wide_epochs_of(row))
+        else:
+            channels.update(await wide_scope(actor, conn=conn))
         extra = sorted(set(optional) - channels)
         if extra:
             more = await load_access_many(actor, extra, conn=conn)
-            channels.update(c for c in extra if decide_read(actor, c, more[c]).ok)
-    return sorted(channels), {c: e for c, e in epochs.items() if c in channels}
+            readable = [c for c in extra if decide_read(actor, c, more[c]).ok]
+            channels.update(readable)
+            epochs.update((c, more[c].epoch) for c in readable)
+    return sorted(channels), {c: epochs[c] for c in epochs_of if c in channels}
