@@ -523,15 +523,15 @@ def wide_scope_of(actor: Actor, row: Sequence[Any] | None) -> list[uuid.UUID]:
     return sorted(c for c in (row[3] if row is not None else ()) if token_covers(actor, c))
 
 
-async def wide_scope(actor: Actor, *, conn: AsyncConnection[Any] | None = None) -> list[uuid.UUID]:
-    """`reader_scope(actor, wide=True)` in one statement: the reader's standing (Denied as check_reader decides
-    it) and the channels it joined or that are listed (readable_channels), sorted. A REQ or COUNT without #h
-    sends it on a connection of its own: one round trip, where the standing and the channels were two."""
+async def _wide_row(actor: Actor, *, epochs: bool, conn: AsyncConnection[Any] | None) -> Sequence[Any] | None:
+    """The row of `wide_scope_statement(actor, epochs=epochs)`, for `wide_scope_of` (and `wide_epochs_of`): the
+    reader's standing and the channels it joined or that are listed, in one statement, where check_reader
+    and readable_channels are two. Raises Denied for a token without the read scope (nothing is sent)."""
     if not has_scope(actor, SCOPE_READ):
         raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
-    sql, params = wide_scope_statement(actor)
+    sql, params = wide_scope_statement(actor, epochs=epochs)
     rows = await fetch_all(sql, params, conn=conn)
-    return wide_scope_of(actor, rows[0] if rows else None)
+    return rows[0] if rows else None
 
 
 async def reader_scope(
@@ -578,16 +578,10 @@ async def reader_scope_and_epochs(
         channels.update(wanted)
         epochs.update((c, facts[c].epoch) for c in wanted)
     if wide:
+        row = await _wide_row(actor, epochs=bool(epochs_of), conn=conn)
+        channels.update(wide_scope_of(actor, row))
         if epochs_of:
-            if not has_scope(actor, SCOPE_READ):
-                raise Denied(f"restricted: this token lacks the {SCOPE_READ} scope")
-            sql, params = wide_scope_statement(actor, epochs=True)
-            rows = await fetch_all(sql, params, conn=conn)
-            row = rows[0] if rows else None
-            channels.update(wide_scope_of(actor, row))
             epochs.update(wide_epochs_of(row))
-        else:
-            channels.update(await wide_scope(actor, conn=conn))
         extra = sorted(set(optional) - channels)
         if extra:
             more = await load_access_many(actor, extra, conn=conn)
