@@ -511,8 +511,8 @@ def wide_epochs_of(row: Sequence[Any] | None) -> dict[uuid.UUID, int]:
     `wide_scope_statement(actor, epochs=True)`: its own access epoch plus the policy stamp."""
     if row is None:
         return {}
-    stamp = int(row[5] or 0)
-    return {channel: int(epoch) + stamp for channel, epoch in zip(row[3], row[4], strict=True)}
+    channels, epochs, stamp = row[READER_STANDING_COLUMNS : READER_STANDING_COLUMNS + 3]
+    return {channel: int(epoch) + int(stamp or 0) for channel, epoch in zip(channels, epochs, strict=True)}
 
 
 def wide_scope_of(actor: Actor, row: Sequence[Any] | None) -> list[uuid.UUID]:
@@ -520,7 +520,7 @@ def wide_scope_of(actor: Actor, row: Sequence[Any] | None) -> list[uuid.UUID]:
     standing = reader_standing_of(actor, row)
     if not standing.ok:
         raise Denied(standing.reason)
-    return sorted(c for c in (row[3] if row is not None else ()) if token_covers(actor, c))
+    return sorted(c for c in (row[READER_STANDING_COLUMNS] if row is not None else ()) if token_covers(actor, c))
 
 
 async def _wide_row(actor: Actor, *, epochs: bool, conn: AsyncConnection[Any] | None) -> Sequence[Any] | None:
