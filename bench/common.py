@@ -461,6 +461,74 @@ def ws_connect(server: Server, **kwargs: Any) -> Any:
     return connect(server.uri, host="127.0.0.1", port=server.port, proxy=None, **kwargs)
 
 
+# A frame as FrameReader hands it over: (opcode, payload bytes).
+Frame = tuple[int, bytes]
+
+
+class FrameReader(asyncio.Protocol):
+    """The read side of an open websockets connection, taken over for a measurement (`read_frames`).
+
+    websockets spends about 11 µs of Python per frame it receives (its sans-I/O parser, the assembler,
+    `recv`). A bench that receives a thousand frames per write on the same two cores as the relay then
+    measures its own queue: the thousandth frame waits for 999 parses. This reader splits what each read
+    of the socket brought into whole frames (a server's frames are unmasked; the relay sends each
+    message as one frame, which is checked) and hands them over with the time the read arrived, once per
+    read. Bytes stay bytes: the caller looks for what it needs."""
+
+    def __init__(self, ws: Any, on_frames: Callable[[float, list[Frame]], None]) -> None:
+        self._ws = ws
+        self._on_frames = on_frames
+        self._rest = b""
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        buf = self._rest + data if self._rest else data
+        frames: list[Frame] = []
+        pos, size = 0, len(buf)
+        while size - pos >= 2:
+            first, second = buf[pos], buf[pos + 1]
+            if not first & 0x80 or second & 0x80:
+                raise BenchError("a fragmented or masked frame from the server; FrameReader reads neither")
+            length, head = second & 0x7F, 2
+            if length == 126:
+                if size - pos < 4:
+                    break
+                length, head = int.from_bytes(buf[pos + 2 : pos + 4], "big"), 4
+            elif length == 127:
+                if size - pos < 10:
+                    break
+                length, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+            end = pos + head + length
+            if end > size:
+                break
+            frames.append((first & 0x0F, buf[pos + head : end]))
+            pos = end
+        self._rest = buf[pos:]
+        if frames:
+            self._on_frames(now, frames)
+            for opcode, payload in frames:
+                if opcode == 0x9 and len(payload) < 126:
+                    # A keepalive ping (uvicorn's --ws-ping-interval): answered as websockets would, with a
+                    # pong that carries its payload, masked as a client's frames are.
+                    mask = os.urandom(4)
+                    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+                    self._ws.transport.write(bytes((0x8A, 0x80 | len(payload))) + mask + masked)
+            if any(opcode == 0x8 for opcode, _ in frames):
+                # The server closes: drop the connection, so that websockets' own close doesn't wait for a
+                # closing handshake that it no longer reads.
+                self._ws.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # websockets still owns the connection's close: it learns the connection is gone.
+        self._ws.connection_lost(exc)
+
+
+def read_frames(ws: Any, on_frames: Callable[[float, list[Frame]], None]) -> None:
+    """From now on, `ws`'s incoming frames go to `on_frames` (see FrameReader), not to `ws.recv()`. Call it
+    when nothing is in flight towards the client (every reply `ws` waited for has been read)."""
+    ws.transport.set_protocol(FrameReader(ws, on_frames))
+
+
 # --- closed-loop driver ---------------------------------------------------------------------
 
 

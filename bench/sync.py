@@ -16,6 +16,11 @@
    once with one per frame.
    The CPU seconds of each relay (or fan-out) process, of this client and of the rest of the machine over
    the writes are printed too: the client is Python on the same cores. --profile DIR py-spys all of them.
+   The client reads the syncs' frames with common.FrameReader (--client frames, the default): it splits
+   each read of the socket into frames at a few µs of Python per read, where websockets' recv() (--client
+   websockets) costs about 11 µs per frame, so that with a thousand syncs the thousandth head waited for
+   the client's 999 parses (about 5 ms at the p50), on the cores the relays need. The bare fan-out is
+   read the same way.
    Then, as a figure of its own, delivery to ONE sync on node A while node A holds --syncs - 1 syncs of
    other channels (the common case: a write reaches few syncs), beside the same PUBLISH round trip, with
    the write's own OK latency (commit and confirmed PUBLISH) beside it.
@@ -26,6 +31,7 @@
 
     python bench/sync.py [--artifacts 4096] [--syncs 1000] [--writes 200] [--rounds 3] [--seconds 8]
                          [--json out.json] [--only eose,delivery,memory,throughput] [--profile DIR]
+                         [--client frames|websockets]
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +256,29 @@ def report_profiles(names: list[str], directory: str | None) -> None:
             common.report_profile(path)
 
 
+# How the delivery figures' client reads its syncs' frames: "frames", common.FrameReader (a few µs of Python
+# per read of the socket); "websockets", ws.recv() (about 11 µs per frame: with a thousand syncs it queues).
+CLIENTS = ("frames", "websockets")
+
+
+def listen(
+    conns: list[Any], on_frames_of: Callable[[Any], Callable[[float, list[common.Frame]], None]], client: str
+) -> list[asyncio.Task[None]]:
+    """Every frame each connection of `conns` receives from now on goes to `on_frames_of(ws)`, read as `client`
+    says (CLIENTS); the tasks to cancel when done (none for "frames", which reads in the protocol itself)."""
+    if client == "frames":
+        for ws in conns:
+            common.read_frames(ws, on_frames_of(ws))
+        return []
+
+    async def recv(ws: Any, on_frames: Callable[[float, list[common.Frame]], None]) -> None:
+        while True:
+            text = await ws.recv()
+            on_frames(time.perf_counter(), [(0x1, text.encode())])
+
+    return [asyncio.create_task(recv(ws, on_frames_of(ws))) for ws in conns]
+
+
 async def delivery(
     a: Server,
     b: Server,
@@ -259,6 +288,7 @@ async def delivery(
     syncs: int,
     writes: int,
     profile: str | None = None,
+    client: str = "frames",
 ) -> dict[str, Any]:
     """Heads are delivered as they are read: a sync may skip an intermediate revision (rule 4), so the
     latency is taken over the heads that arrive, and the run ends when every sync has the last one."""
@@ -274,28 +304,32 @@ async def delivery(
         done = asyncio.Event()
         got_last: set[tuple[int, str]] = set()
 
-        async def listen(ws: Any) -> None:
-            nonlocal have_last
-            while True:
-                text = await ws.recv()
-                now = time.perf_counter()
-                if text.startswith('["EVENT"'):
-                    # ["EVENT","sN",{"id":"<64 hex>"... : the id without decoding the whole frame.
-                    sub = text[10 : text.index('"', 10)]
-                    i = text.index('"id":"') + 6
-                    event_id = text[i : i + 64]
-                    began = sent.get(event_id)
-                    if began is not None:
-                        latencies.append(1000 * (now - began))
-                    if last.get("id") == event_id and (id(ws), sub) not in got_last:
-                        got_last.add((id(ws), sub))
-                        have_last += 1
-                        if have_last >= len(subs):
-                            done.set()
-                elif text.startswith('["CLOSED"'):
-                    raise BenchError(f"a sync was closed during the run: {text}")
+        closed: list[str] = []
 
-        listeners = [asyncio.create_task(listen(ws)) for ws in conns]
+        def on_frames_of(ws: Any) -> Callable[[float, list[common.Frame]], None]:
+            def on_frames(now: float, frames: list[common.Frame]) -> None:
+                nonlocal have_last
+                for opcode, payload in frames:
+                    if payload.startswith(b'["EVENT"'):
+                        # ["EVENT","sN",{"id":"<64 hex>"... : the id without decoding the whole frame.
+                        sub = payload[10 : payload.index(b'"', 10)]
+                        i = payload.index(b'"id":"') + 6
+                        event_id = payload[i : i + 64].decode()
+                        began = sent.get(event_id)
+                        if began is not None:
+                            latencies.append(1000 * (now - began))
+                        if last.get("id") == event_id and (id(ws), sub) not in got_last:
+                            got_last.add((id(ws), sub))
+                            have_last += 1
+                            if have_last >= len(subs):
+                                done.set()
+                    elif payload.startswith(b'["CLOSED"') or opcode == 0x8:
+                        closed.append(payload.decode(errors="replace") or "the connection closed")
+                        done.set()
+
+            return on_frames
+
+        listeners = listen(conns, on_frames_of, client)
         servers = {"relay-a": a, "relay-b": b}
         cpu = CpuWindow(servers)
         try:
@@ -317,6 +351,8 @@ async def delivery(
             for task in finished:
                 if task is not waiter and task.exception() is not None:
                     raise BenchError(f"a listener failed: {task.exception()}")
+            if closed:
+                raise BenchError(f"a sync was closed during the run: {closed[0]}")
             if not done.is_set():
                 raise BenchError(f"only {have_last} of {len(subs)} syncs got the last head")
         finally:
@@ -452,6 +488,7 @@ async def bare_fanout(
     writes: int,
     batch: bool,
     profile: str | None = None,
+    client: str = "frames",
 ) -> dict[str, Any]:
     """The same paced events PUBLISHed to two bare fan-out processes holding `syncs` subscriptions.
 
@@ -481,18 +518,19 @@ async def bare_fanout(
                 conns.append(ws)
                 left -= k
 
-        async def listen(ws: Any) -> None:
-            while True:
-                text = await ws.recv()
-                now = time.perf_counter()
-                i = text.index('"id":"') + 6
-                began = sent.get(text[i : i + 64])
-                if began is not None:
-                    latencies.append(1000 * (now - began))
-                    if len(latencies) >= expected:
-                        done.set()
+        def on_frames_of(ws: Any) -> Callable[[float, list[common.Frame]], None]:
+            def on_frames(now: float, frames: list[common.Frame]) -> None:
+                for _, payload in frames:
+                    i = payload.find(b'"id":"') + 6
+                    began = sent.get(payload[i : i + 64].decode()) if i >= 6 else None
+                    if began is not None:
+                        latencies.append(1000 * (now - began))
+                        if len(latencies) >= expected:
+                            done.set()
 
-        listeners = [asyncio.create_task(listen(ws)) for ws in conns]
+            return on_frames
+
+        listeners = listen(conns, on_frames_of, client)
         pub = aioredis.from_url(env["REDIS_URL"])
         try:
             await asyncio.sleep(0.5)  # both processes' SUBSCRIBE is in place
@@ -636,11 +674,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             rtt = await common.redis_roundtrip(env["REDIS_URL"])
             # The same round trip paced as the writes below are: each starts from a machine left idle.
             paced = await common.redis_roundtrip(env["REDIS_URL"], count=args.writes, pace=PACE)
-            d = await delivery(a, b, owner, reader, ids["live"], args.syncs, args.writes, args.profile)
+            d = await delivery(a, b, owner, reader, ids["live"], args.syncs, args.writes, args.profile, args.client)
             report_profiles(["relay-a", "relay-b", "client"], args.profile)
-            f1 = await bare_fanout(stack, env, owner, ids["live"], args.syncs, args.writes, False, args.profile)
+            f1 = await bare_fanout(
+                stack, env, owner, ids["live"], args.syncs, args.writes, False, args.profile, args.client
+            )
             report_profiles(["fanout-a", "fanout-b", "client"], args.profile)
-            f = await bare_fanout(stack, env, owner, ids["live"], args.syncs, args.writes, True, args.profile)
+            f = await bare_fanout(
+                stack, env, owner, ids["live"], args.syncs, args.writes, True, args.profile, args.client
+            )
             report_profiles(["fanout-a", "fanout-b", "client"], args.profile)
             out["delivery"] = {
                 **d,
@@ -652,11 +694,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "fanout_p99_ms": f["p99_ms"],
                 "fanout_per_frame_p50_ms": f1["p50_ms"],
                 "fanout_per_frame_p99_ms": f1["p99_ms"],
+                "client": args.client,
                 "fanout_cpu": f["cpu"],
                 "fanout_per_frame_cpu": f1["cpu"],
             }
             print(
-                f"write-to-head delivery, {args.syncs} syncs on 2 nodes, {d['samples']} heads:"
+                f"write-to-head delivery, {args.syncs} syncs on 2 nodes, {d['samples']} heads"
+                f" (this client reads with {args.client}):"
                 f" p50 {d['p50_ms']:.2f} ms"
                 f" / p99 {d['p99_ms']:.2f} ms; bare Redis PUBLISH->SUBSCRIBE p50 {rtt.p50_ms:.3f} / p99"
                 f" {rtt.p99_ms:.3f} ms -> p50 {common.ratio(d['p50_ms'], rtt.p50_ms)}, p99"
@@ -729,6 +773,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--json")
+    parser.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="frames",
+        help="how the delivery figures' client reads its frames: frames (common.FrameReader, the default) or "
+        "websockets (ws.recv(), about 11 us of Python per frame: with 1,000 syncs the client's own queue shows)",
+    )
     parser.add_argument("--profile", metavar="DIR", help="py-spy the relays, the fan-out apps and this client (slower)")
     args = parser.parse_args()
     common.exit_on_sigterm()
