@@ -468,12 +468,13 @@ Frame = tuple[int, bytes]
 class FrameReader(asyncio.Protocol):
     """The read side of an open websockets connection, taken over for a measurement (`read_frames`).
 
-    websockets spends about 11 µs of Python per frame it receives (its sans-I/O parser, the assembler,
-    `recv`). A bench that receives a thousand frames per write on the same two cores as the relay then
-    measures its own queue: the thousandth frame waits for 999 parses. This reader splits what each read
-    of the socket brought into whole frames (a server's frames are unmasked; the relay sends each
-    message as one frame, which is checked) and hands them over with the time the read arrived, once per
-    read. Bytes stay bytes: the caller looks for what it needs."""
+    With websockets' `recv()` (its sans-I/O parser, the assembler), bench/sync.py's delivery client spent
+    about 13 µs of CPU per frame it received, and about 5 µs with this reader (200,000 frames, the
+    client's own bookkeeping included). A bench that receives a thousand frames per write on the same two
+    cores as the relay measures its own queue otherwise: the thousandth frame waits for 999 parses.
+    This reader splits what each read of the socket brought into whole frames (a server's frames are
+    unmasked; the relay sends each message as one frame, which is checked) and hands them over with the
+    time the read arrived, once per read. Bytes stay bytes: the caller looks for what it needs."""
 
     def __init__(self, ws: Any, on_frames: Callable[[float, list[Frame]], None]) -> None:
         self._ws = ws

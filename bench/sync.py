@@ -16,11 +16,11 @@
    once with one per frame.
    The CPU seconds of each relay (or fan-out) process, of this client and of the rest of the machine over
    the writes are printed too: the client is Python on the same cores. --profile DIR py-spys all of them.
-   The client reads the syncs' frames with common.FrameReader (--client frames, the default): it splits
-   each read of the socket into frames at a few µs of Python per read, where websockets' recv() (--client
-   websockets) costs about 11 µs per frame, so that with a thousand syncs the thousandth head waited for
-   the client's 999 parses (about 5 ms at the p50), on the cores the relays need. The bare fan-out is
-   read the same way.
+   The client reads the syncs' frames with common.FrameReader (--client frames, the default), which
+   splits each read of the socket into frames: about 5 µs of this client's CPU per frame, where
+   websockets' recv() (--client websockets) cost about 13. With a thousand syncs the thousandth head
+   waited for the client's 999 parses, on the cores the relays need: 4 to 7 ms more at the p50 in the
+   runs measured. The bare fan-out is read the same way.
    Then, as a figure of its own, delivery to ONE sync on node A while node A holds --syncs - 1 syncs of
    other channels (the common case: a write reaches few syncs), beside the same PUBLISH round trip, with
    the write's own OK latency (commit and confirmed PUBLISH) beside it.
@@ -256,8 +256,8 @@ def report_profiles(names: list[str], directory: str | None) -> None:
             common.report_profile(path)
 
 
-# How the delivery figures' client reads its syncs' frames: "frames", common.FrameReader (a few µs of Python
-# per read of the socket); "websockets", ws.recv() (about 11 µs per frame: with a thousand syncs it queues).
+# How the delivery figures' client reads its syncs' frames: "frames", common.FrameReader (about 5 µs of CPU
+# per frame); "websockets", ws.recv() (about 13 µs per frame: with a thousand syncs the client queues).
 CLIENTS = ("frames", "websockets")
 
 
@@ -778,7 +778,7 @@ def main() -> int:
         choices=CLIENTS,
         default="frames",
         help="how the delivery figures' client reads its frames: frames (common.FrameReader, the default) or "
-        "websockets (ws.recv(), about 11 us of Python per frame: with 1,000 syncs the client's own queue shows)",
+        "websockets (ws.recv(), about 13 us of CPU per frame: with 1,000 syncs the client's own queue shows)",
     )
     parser.add_argument("--profile", metavar="DIR", help="py-spy the relays, the fan-out apps and this client (slower)")
     args = parser.parse_args()
