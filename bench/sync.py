@@ -20,7 +20,8 @@
    splits each read of the socket into frames: about 5 µs of this client's CPU per frame, where
    websockets' recv() (--client websockets) cost about 13. With a thousand syncs the thousandth head
    waited for the client's 999 parses, on the cores the relays need: 4 to 7 ms more at the p50 in the
-   runs measured. The bare fan-out is read the same way.
+   runs measured. The bare fan-out is read the same way; delivery to ONE sync (one frame per write) reads
+   with recv().
    Then, as a figure of its own, delivery to ONE sync on node A while node A holds --syncs - 1 syncs of
    other channels (the common case: a write reaches few syncs), beside the same PUBLISH round trip, with
    the write's own OK latency (commit and confirmed PUBLISH) beside it.
@@ -323,8 +324,12 @@ async def delivery(
                             have_last += 1
                             if have_last >= len(subs):
                                 done.set()
-                    elif payload.startswith(b'["CLOSED"') or opcode == 0x8:
-                        closed.append(payload.decode(errors="replace") or "the connection closed")
+                    elif payload.startswith(b'["CLOSED"'):
+                        closed.append(payload.decode(errors="replace"))
+                        done.set()
+                    elif opcode == 0x8:
+                        code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else None
+                        closed.append(f"the relay closed the connection (close code {code})")
                         done.set()
 
             return on_frames
