@@ -1074,8 +1074,9 @@ class ServerLog:
     Used to capture what the relay's backends did (log_statement = 'all',
     auto_explain) without touching the relay: the settings are set per database
     (database_settings below), so only sessions of that database log. The file is
-    found with pg_current_logfile() (logging_collector on) or at the Debian
-    location /var/log/postgresql/postgresql-<cluster_name>.log, and is read
+    found with pg_current_logfile() (logging_collector on), at the Debian
+    location /var/log/postgresql/postgresql-<cluster_name>.log, or beside the
+    data directory of the embedded server (buzz.dev.devservices), and is read
     directly when this process may, else through pg_read_binary_file (superuser).
     """
 
@@ -1093,6 +1094,12 @@ class ServerLog:
             candidates.append(current if current.startswith("/") else f"{data_dir}/{current}")
         if cluster:
             candidates.append(f"/var/log/postgresql/postgresql-{cluster.replace('/', '-')}.log")
+        try:
+            from buzz.dev.devservices import postgres_log_of  # type: ignore[import-not-found]
+        except ImportError:
+            pass
+        else:
+            candidates.append(str(postgres_log_of(data_dir)))  # the embedded server's (service_env)
         self.superuser = superuser == "on"
         self.path = ""
         self.direct = False

@@ -500,6 +500,12 @@ def _allow_traverse(path: Path) -> None:
 # --- PostgreSQL --------------------------------------------------------------------------
 
 
+def postgres_log_of(data_directory: str | Path) -> Path:
+    """The server log of the embedded PostgreSQL whose PGDATA is `data_directory` (see the layout above): its
+    stderr, beside the data, as logging_collector is off. bench/common.ServerLog reads it there."""
+    return Path(data_directory).parent / "postgres.log"
+
+
 class _EmbeddedPostgres:
     def __init__(self, root: Path, *, durable: bool) -> None:
         with warnings.catch_warnings():
@@ -510,7 +516,7 @@ class _EmbeddedPostgres:
         self.bin = Path(POSTGRES_BIN_PATH)
         self.root = root
         self.data = root / "data"
-        self.log = root / "postgres.log"
+        self.log = postgres_log_of(self.data)
         self.port_file = root / "port"
         self.owner_file = root / "owner.json"
         self.durable = durable
