@@ -495,7 +495,10 @@ def verify_same(relay: Server, token: str, db_url: str, community: int, token_ha
             if a != b:
                 notes.append(f"{spec.name}[{k}]: relay {len(a)} ids, baseline {len(b)} ids, differ")
             elif not a:
-                notes.append(f"{spec.name}[{k}]: both empty (a test that says nothing)")
+                notes.append(
+                    f"{spec.name}[{k}]: both empty (a test that says nothing; with fewer --artifacts than the"
+                    " default, some filters match no row)"
+                )
     finally:
         http_client.close()
         base.close()
