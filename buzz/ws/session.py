@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from buzz.access.policy import Denied, parse_channel_id, reader_scope, reader_scope_and_epochs
+from buzz.access.policy import Denied, parse_channel_id, reader_scope_and_epochs
 from buzz.chat.channels import STATE_KINDS
 from buzz.events.ingest import event_id_of, ingest
 from buzz.events.query import ReadOverBudget, ReadsBusy, connection_reads, count_events
@@ -177,7 +177,8 @@ class Session:
     async def _channels_for(self, sub_id: str, filters: tuple[Filter, ...]) -> list[uuid.UUID] | None:
         """The channels a REQ/COUNT covers (`_scope_of`), or None after replying CLOSED."""
         try:
-            return await self._scope_of(filters)
+            channels, _ = await self._scope_of(filters)
+            return channels
         except Denied as err:
             self.reply(["CLOSED", sub_id, err.reason])
             return None
@@ -186,25 +187,16 @@ class Session:
             self.reply(["CLOSED", sub_id, "error: could not check channel access, try again"])
             return None
 
-    async def _scope_of(self, filters: tuple[Filter, ...]) -> list[uuid.UUID]:
-        """The channels a REQ/COUNT covers, decided now by the policy. Raises Denied.
+    async def _scope_of(
+        self, filters: tuple[Filter, ...], epochs_of: Sequence[uuid.UUID] = ()
+    ) -> tuple[list[uuid.UUID], dict[uuid.UUID, int]]:
+        """The channels a REQ/COUNT covers, decided now by the policy, and the access epochs of those of
+        `epochs_of` in it (reader_scope_and_epochs: a REQ's re-check). Raises Denied.
 
         A filter with #h names its channels, and each must be readable (one
         answer for missing and unreadable); a filter without #h covers every
         channel the reader can read that is listed or joined.
         """
-        actor, scope = self._scope_request(filters)
-        return await reader_scope(actor, **scope)
-
-    async def _rescope(
-        self, filters: tuple[Filter, ...], epochs_of: Sequence[uuid.UUID]
-    ) -> tuple[list[uuid.UUID], dict[uuid.UUID, int]]:
-        """`_scope_of` decided again, with the access epochs of `epochs_of` (reader_scope_and_epochs)."""
-        actor, scope = self._scope_request(filters)
-        return await reader_scope_and_epochs(actor, **scope, epochs_of=epochs_of)
-
-    def _scope_request(self, filters: tuple[Filter, ...]) -> tuple[Actor, dict[str, Any]]:
-        """The reader, and the policy's arguments for these filters (named, wide, optional). Raises Denied."""
         actor = self.actor
         if actor is None:
             raise Denied("auth-required: authenticate with NIP-42 AUTH first")
@@ -225,7 +217,9 @@ class Session:
                 if channel is None:
                     raise Denied("invalid: #h values must be lowercase channel UUIDs")
                 named.add(channel)
-        return actor, {"named": sorted(named), "wide": wide, "optional": sorted(state_named)}
+        return await reader_scope_and_epochs(
+            actor, named=sorted(named), wide=wide, optional=sorted(state_named), epochs_of=epochs_of
+        )
 
     async def _req(self, frame: ReqFrame | ModeReqFrame) -> None:
         if self.actor is None:
@@ -246,7 +240,7 @@ class Session:
             filters = frame.filters
             sub = (
                 ReqSubscription(
-                    self, frame.sub_id, filters, channels, rescope=lambda epochs_of: self._rescope(filters, epochs_of)
+                    self, frame.sub_id, filters, channels, rescope=lambda epochs_of: self._scope_of(filters, epochs_of)
                 )
                 if channels is not None
                 else None
