@@ -492,6 +492,8 @@ _STANDING_AND_READABLE_SQL = _STANDING_SQL.rstrip() + ",\n  ARRAY(" + _READABLE_
 # The same with each of those channels' access epoch, aggregated once, and the policy stamp: the row's
 # standing, the channels, their Channel.access_epoch in the same order, the stamp (`wide_epochs_of`).
 _READABLE_WITH_EPOCHS_SQL = _READABLE_SQL.replace("SELECT c.uuid FROM", "SELECT c.uuid, c.access_epoch FROM", 1)
+if _READABLE_WITH_EPOCHS_SQL == _READABLE_SQL:  # _READABLE_SQL no longer starts as this expects
+    raise RuntimeError("_READABLE_WITH_EPOCHS_SQL could not add the access epoch to _READABLE_SQL")
 _STANDING_READABLE_AND_EPOCHS_SQL = f"""{_STANDING_SQL.rstrip()},
   coalesce(r.channels, ARRAY[]::uuid[]), coalesce(r.epochs, ARRAY[]::bigint[]), {policy_stamp_sql("%(community)s")}
 FROM (SELECT array_agg(x.uuid ORDER BY x.uuid) AS channels, array_agg(x.access_epoch::bigint ORDER BY x.uuid) AS epochs
