@@ -55,9 +55,15 @@ class Head:
     tags: tuple[tuple[str, str], ...]
     # Who may read `home`, as of this read: (its channel's access epoch, the community's policy stamp).
     access: tuple[int, int] = (0, 0)
+    # `home` as text, made once per read: what a sync's checks of each change key on (a UUID hashes and
+    # compares in Python, a str in C).
+    channel: str = field(init=False, compare=False, repr=False)
     # Whether the head matches a query's predicates, by predicates, filled in by the syncs that ask:
     # one Head answers every sync of the process that reads this d in one batch.
     matched: dict[Any, bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "channel", str(self.home))
 
 
 def _match_tags(raw_tags: Sequence[Any]) -> tuple[tuple[str, str], ...]:
@@ -88,8 +94,9 @@ def head_of(row: tuple[Any, ...]) -> Head:
     )
 
 
-# Told the outcome of one request: the head (None: no such d), or the exception the read failed with.
-HeadCallback = Callable[[Head | None, BaseException | None], None]
+# Told the outcome of one request: the d asked for, its head (None: no such d), or the exception the read
+# failed with. The d comes with the answer, so a caller can hand over a bound method, not a closure per request.
+HeadCallback = Callable[[str, Head | None, BaseException | None], None]
 
 
 class HeadReader:
@@ -109,7 +116,7 @@ class HeadReader:
         """Raises when the read failed (the caller resyncs: rule 5)."""
         fut: asyncio.Future[Head | None] = asyncio.get_running_loop().create_future()
 
-        def done(head: Head | None, exc: BaseException | None) -> None:
+        def done(_d: str, head: Head | None, exc: BaseException | None) -> None:
             if fut.done():
                 return
             if exc is not None:
@@ -126,7 +133,12 @@ class HeadReader:
         The callback must not block or raise (an exception is logged); it may submit again, which
         joins the next batch.
         """
-        self._waiting.setdefault((community_id, d), []).append(callback)
+        key = (community_id, d)
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting.append(callback)  # a thousand syncs asking for one changed d: this line, 999 times
+            return
+        self._waiting[key] = [callback]
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="artifact-head-reader")
@@ -158,7 +170,7 @@ class HeadReader:
                         head = heads.get(d)
                         for callback in batch[(community_id, d)]:
                             try:
-                                callback(head, failure)
+                                callback(d, head, failure)
                             except Exception:
                                 log.exception("a head read's callback raised")
 

@@ -139,7 +139,9 @@ class SyncSubscription:
         self.sub_id = sub_id
         self.query = query
         self._named = named
-        self._channels: frozenset[uuid.UUID] = frozenset()  # the scope, once the policy has granted it
+        self._channels: frozenset[uuid.UUID] = frozenset()  # the scope, once the policy has granted it (`_grant`)
+        self._scope_keys: frozenset[str] = frozenset()  # the same channels as text, for the checks of each change
+        self._community_id: int = host.community.id
         self._channel_strs = frozenset(str(c) for c in named)
         self._expiry: asyncio.TimerHandle | None = None
         self._max_events: int = conf["max_events"]
@@ -157,10 +159,10 @@ class SyncSubscription:
         self._pending: dict[str, None] = {}
         self._wake = asyncio.Event()  # a head for the slow path (`_left`, `_recheck`) is waiting
         self._slow: tuple[str, Head, bool] | None = None  # (d, head, left: True for `_left`, else `_recheck`)
-        # Channel -> (its access epoch, the community's policy stamp) when the reader's access to it was last
-        # decided. A head read with other values goes out only after the reader's access is checked again:
+        # Channel (as text) -> (its access epoch, the community's policy stamp) when the reader's access to it
+        # was last decided. A head read with other values goes out only after the reader's access is checked again:
         # the change's own signal may not have come yet (Redis orders no two publishers' messages).
-        self._access: dict[uuid.UUID, tuple[int, int]] = {}
+        self._access: dict[str, tuple[int, int]] = {}
         # The d whose head read (or its slow path) is in progress: the next read waits for it.
         self._reading: str | None = None
         self._reader: HeadReader | None = None  # the process's head reader, once live
@@ -262,8 +264,13 @@ class SyncSubscription:
             log.exception("sync access check failed")
             self.end("error: could not check channel access; try again")
             return False
-        self._channels = frozenset(channels)
+        self._grant(frozenset(channels))
         return not self.ended
+
+    def _grant(self, channels: frozenset[uuid.UUID]) -> None:
+        """The scope the policy granted: the channels the snapshot reads and each change is checked against."""
+        self._channels = channels
+        self._scope_keys = frozenset(str(c) for c in channels)
 
     async def _subscribe(self) -> bool:
         """Rule 1: live interest is confirmed by Redis, on a connection that is up, before the snapshot:
@@ -316,7 +323,7 @@ class SyncSubscription:
         self._live_phase = True
         return not self.ended
 
-    async def _snapshot(self, buffer: _ByteBuffer) -> dict[uuid.UUID, tuple[int, int]]:
+    async def _snapshot(self, buffer: _ByteBuffer) -> dict[str, tuple[int, int]]:
         """Rule 2's pages into `buffer`; returns who reads the channels at the snapshot's instant (`_read_access`
         in it): the set is exact only if the reader still does."""
         actor = self._actor()
@@ -352,27 +359,29 @@ class SyncSubscription:
                     return await self._read_access(conn)  # who reads the channels at this instant
                 after = rows[-1][0]
 
-    async def _read_access(self, conn: AsyncConnection[Any] | None = None) -> dict[uuid.UUID, tuple[int, int]]:
-        """(access epoch, policy stamp) of each channel #h names, now (on `conn`: in its snapshot)."""
+    async def _read_access(self, conn: AsyncConnection[Any] | None = None) -> dict[str, tuple[int, int]]:
+        """(access epoch, policy stamp) of each channel #h names, by the channel as text, now (on `conn`: in its
+        snapshot)."""
         community = self.host.community.id
         sql = (
             f"SELECT c.uuid, c.access_epoch, {policy_stamp_sql('%s')}"  # noqa: S608 - composed from code
             " FROM buzz_channel c WHERE c.community_id = %s AND c.uuid = ANY(%s)"
         )
         rows = await fetch_all(sql, (community, community, sorted(self._named)), conn=conn)
-        return {row[0]: (int(row[1]), int(row[2] or 0)) for row in rows}
+        return {str(row[0]): (int(row[1]), int(row[2] or 0)) for row in rows}
 
-    async def _access_held(self, now: dict[uuid.UUID, tuple[int, int]]) -> bool:
+    async def _access_held(self, now: dict[str, tuple[int, int]]) -> bool:
         """After the snapshot: where who reads a channel changed since the access check, check the reader again
         (the change's signal may still be on its way). False, with CLOSED "resync: ...", if it lost access."""
         for channel in sorted(self._channels):
-            seen = now.get(channel)
-            if seen is None or seen == self._access.get(channel):
+            key = str(channel)
+            seen = now.get(key)
+            if seen is None or seen == self._access.get(key):
                 continue
             if not await self._can_read(channel):
                 self.resync("access to a channel of this sync changed")
                 return False
-            self._access[channel] = seen
+            self._access[key] = seen
         return not self.ended
 
     def _send_now(self, text: str) -> bool:
@@ -429,11 +438,15 @@ class SyncSubscription:
             return
         d = next(iter(self._pending))
         del self._pending[d]
+        self._read(d)
+
+    def _read(self, d: str) -> None:
+        """Submit the head read of d; `_on_head` gets the answer."""
         self._reading = d
         reader = self._reader
         if reader is None:
             reader = self._reader = head_reader()
-        reader.submit(self.host.community.id, d, lambda head, exc: self._on_head(d, head, exc))
+        reader.submit(self._community_id, d, self._on_head)
 
     def _on_head(self, d: str, head: Head | None, exc: BaseException | None) -> None:
         """The head reader's answer for d (on its task; never blocks)."""
@@ -461,7 +474,8 @@ class SyncSubscription:
         self._reading = None
         if text is not None and not self._queue(text):
             return
-        self._next()
+        if self._pending:
+            self._next()
 
     def _queue(self, text: str) -> bool:
         if self.ended:
@@ -481,7 +495,8 @@ class SyncSubscription:
         """
         if head is None:
             return None
-        if head.home in self._channels and head.access != self._access.get(head.home):
+        inside = head.channel in self._scope_keys
+        if inside and head.access != self._access.get(head.channel):
             return _RECHECK  # who reads its channel changed since the reader's access was decided
         if head.retired:
             # Rule 6: a redacted head is withheld, so only a new sync can tell the client it left the set.
@@ -491,18 +506,17 @@ class SyncSubscription:
         last = self._last.get(d)
         if last is not None and head.seq <= last:
             return None  # the head this sync sent already, or (never) an older one: rule 4
-        inside = head.home in self._channels
         if inside and not head.deleted and self._matches(head):
             self._holds.add(d)
             self._last[d] = head.seq
-            return self._prefix + head.raw + "]"
+            return f"{self._prefix}{head.raw}]"
         if d not in self._holds:
             return None  # in scope neither before nor after: nothing, ever
         self._holds.discard(d)
         self._last[d] = head.seq
         if inside:
             # A deletion, or a head that no longer matches.
-            return self._prefix + head.raw + "]"
+            return f"{self._prefix}{head.raw}]"
         return _LEFT
 
     def _matches(self, head: Head) -> bool:
@@ -533,7 +547,7 @@ class SyncSubscription:
                 # Withheld now: only a new sync can tell the client that the artifact left (rule 6).
                 self.resync("an artifact of this sync was retired by moderation")
                 return None
-            if fresh.home in self._channels:
+            if fresh.channel in self._scope_keys:
                 # It came back. The client still holds it, and its own signal, on a channel this sync hears,
                 # decides what goes out.
                 self._holds.add(d)
@@ -549,7 +563,7 @@ class SyncSubscription:
         """d's head as the writer has it now, from a read that starts after this call (raises if it fails)."""
         answer: asyncio.Future[Head | None] = asyncio.get_running_loop().create_future()
 
-        def done(head: Head | None, exc: BaseException | None) -> None:
+        def done(_d: str, head: Head | None, exc: BaseException | None) -> None:
             if not answer.done():
                 if exc is not None:
                     answer.set_exception(exc)
@@ -557,7 +571,7 @@ class SyncSubscription:
                     answer.set_result(head)
 
         reader = self._reader if self._reader is not None else head_reader()
-        reader.submit(self.host.community.id, d, done)
+        reader.submit(self._community_id, d, done)
         return await answer
 
     async def _recheck(self, d: str, head: Head) -> str | None:
@@ -567,7 +581,7 @@ class SyncSubscription:
         if not await self._can_read(head.home):
             self.resync("access to a channel of this sync changed")
             return None
-        self._access[head.home] = head.access
+        self._access[head.channel] = head.access
         text = self._render(d, head)
         return text if isinstance(text, str) else None
 
@@ -660,6 +674,9 @@ class SyncSubscription:
         if len(self._pending) >= self._max_events:
             # Rule 1's bound on the held list (before EOSE), and lagging fan-out after it (rule 5).
             self.resync(f"more than {self._max_events} artifacts changed before they could be sent")
+            return
+        if self._reading is None and self._live_phase and not self._pending and not self.ended:
+            self._read(d)  # the common case: nothing else waits, the read starts now
             return
         self._pending[d] = None
         self._next()

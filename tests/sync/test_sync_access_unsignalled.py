@@ -95,7 +95,7 @@ def _checked_sync(allowed: bool) -> tuple[Any, Any, uuid.UUID, list[uuid.UUID]]:
 
     host, reader, channel = Host(), HeldReader(), uuid.uuid4()
     sync = live_sync(host, channel, reader)
-    sync._access = {channel: (3, 1)}
+    sync._access = {str(channel): (3, 1)}
     checked: list[uuid.UUID] = []
 
     async def can_read(ch: uuid.UUID) -> bool:
@@ -110,10 +110,10 @@ def _checked_sync(allowed: bool) -> tuple[Any, Any, uuid.UUID, list[uuid.UUID]]:
 @pytest.mark.parametrize("allowed", [True, False])
 async def test_a_change_to_who_reads_during_the_snapshot_is_checked_before_eose(allowed: bool) -> None:
     sync, host, channel, checked = _checked_sync(allowed)
-    assert await sync._access_held({channel: (3, 1)}) is True and checked == []  # unchanged: no check
-    assert await sync._access_held({channel: (4, 1)}) is allowed and checked == [channel]
+    assert await sync._access_held({str(channel): (3, 1)}) is True and checked == []  # unchanged: no check
+    assert await sync._access_held({str(channel): (4, 1)}) is allowed and checked == [channel]
     if allowed:
-        assert sync._access[channel] == (4, 1) and host.closed == []
+        assert sync._access[str(channel)] == (4, 1) and host.closed == []
     else:
         assert len(host.closed) == 1 and host.closed[0].startswith("resync: ")
 
@@ -126,7 +126,7 @@ async def test_a_head_read_with_a_new_policy_stamp_waits_for_the_check(allowed: 
 
     sync, host, channel, checked = _checked_sync(allowed)
     d = str(uuid.uuid4())
-    sync._access[channel] = (0, 0)
+    sync._access[str(channel)] = (0, 0)
     assert sync._render(d, head(d, channel, seq=5)) is not _RECHECK  # the values the sync decided on
     stamped = head(d, channel, seq=6)
     object.__setattr__(stamped, "access", (0, 1))  # a ban, say, elsewhere in the community
@@ -134,6 +134,6 @@ async def test_a_head_read_with_a_new_policy_stamp_waits_for_the_check(allowed: 
     text = await sync._recheck(d, stamped)
     assert checked == [channel]
     if allowed:
-        assert text is not None and stamped.raw in text and sync._access[channel] == (0, 1)
+        assert text is not None and stamped.raw in text and sync._access[str(channel)] == (0, 1)
     else:
         assert text is None and host.closed[0].startswith("resync: ")

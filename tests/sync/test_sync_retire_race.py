@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from artifacts.heads import Head
+from artifacts.heads import Head, HeadCallback
 from artifacts.query import parse_query
 from artifacts.sync import SyncSubscription
 from buzz.identity.actor import Actor
@@ -62,15 +62,15 @@ class HeldReader:
     def __init__(self) -> None:
         self.asked: list[tuple[str, Answer]] = []
 
-    def submit(self, community: int, d: str, callback: Answer) -> None:
-        self.asked.append((d, callback))
+    def submit(self, community: int, d: str, callback: HeadCallback) -> None:
+        self.asked.append((d, lambda head, exc: callback(d, head, exc)))
 
 
 def live_sync(host: Host, channel: uuid.UUID, reader: HeldReader) -> SyncSubscription:
     sync = SyncSubscription(host, "s", parse_query({"artifact": "current", "#h": [str(channel)]}), [channel])
     # As `_run` leaves it after EOSE: the scope granted, the set sent (empty here), live.
-    sync._channels = frozenset([channel])
-    sync._access = {channel: (0, 0)}  # who reads it, as the heads below are read: nothing to check again
+    sync._grant(frozenset([channel]))
+    sync._access = {str(channel): (0, 0)}  # who reads it, as the heads below are read: nothing to check again
     sync._reader = reader  # type: ignore[assignment]
     sync._live_phase = True
     return sync
