@@ -182,6 +182,11 @@ register(
     Step("req_fanout.py", 120, lambda o: 10.0, takes_seconds=False),
 )
 register(
+    "sync-fanout",
+    "CPU per NIP-AR sync for one change, 500 syncs on a channel past EOSE, in-process, vs each frame built and queued",
+    Step("sync_fanout.py", 120, lambda o: 10.0, takes_seconds=False),
+)
+register(
     "front",
     "what buzz.web.front costs a POST /query answered at once with a 50 kB body, in-process, vs bare ASGI messages",
     Step("front.py", 120, lambda o: 10.0, takes_seconds=False),
