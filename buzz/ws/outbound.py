@@ -88,15 +88,8 @@ class Outbound:
         for a `notice`)."""
         if self._closed:
             raise QueueFull("connection closing")
-        # utf8_size and _fits, inline: a change that reaches a thousand syncs of a process comes here a
-        # thousand times in a row.
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-        items = self._items
-        if (
-            (items or self._bytes)
-            and not (len(items) + self._extra < self.max_messages and self._bytes + size <= self.max_bytes)
-            and not (notice and self._notice_fits(size))
-        ):
+        size = utf8_size(text)
+        if not (self._fits(size) or (notice and self._notice_fits(size))):
             raise QueueFull("outbound queue full")
         self._push(text, size, notice)
 
