@@ -140,8 +140,9 @@ class SyncSubscription:
         self.query = query
         self._named = named
         self._channels: frozenset[uuid.UUID] = frozenset()  # the scope, once the policy has granted it (`_grant`)
-        self._scope_keys: frozenset[str] = frozenset()  # the same channels as text, for the checks of each change
         self._community_id: int = host.community.id
+        # The channels as text, for the checks of each signal and head: those #h names until the policy grants the
+        # scope, then the scope (`_grant`; the same channels, as every channel a sync names must be readable).
         self._channel_strs = frozenset(str(c) for c in named)
         self._expiry: asyncio.TimerHandle | None = None
         self._max_events: int = conf["max_events"]
@@ -237,7 +238,7 @@ class SyncSubscription:
             self._access = await self._read_access()
             if not await self._scope():
                 return
-            self._counted = census().register(self.host.community.id, self._channels)
+            self._counted = census().register(self._community_id, self._channels)
             if not await self._initial_set():
                 return
             await self._serve_changes()
@@ -270,12 +271,12 @@ class SyncSubscription:
     def _grant(self, channels: frozenset[uuid.UUID]) -> None:
         """The scope the policy granted: the channels the snapshot reads and each change is checked against."""
         self._channels = channels
-        self._scope_keys = frozenset(str(c) for c in channels)
+        self._channel_strs = frozenset(str(c) for c in channels)
 
     async def _subscribe(self) -> bool:
         """Rule 1: live interest is confirmed by Redis, on a connection that is up, before the snapshot:
         each channel #h names, and the reader's own standing (bans, relay membership, tokens)."""
-        community = self.host.community.id
+        community = self._community_id
         actor = self._actor()
         topics = [topic_for_channel(community, c) for c in sorted(self._channel_strs)]
         topics += signals.standing_topics(community, actor.pubkey)
@@ -362,7 +363,7 @@ class SyncSubscription:
     async def _read_access(self, conn: AsyncConnection[Any] | None = None) -> dict[str, tuple[int, int]]:
         """(access epoch, policy stamp) of each channel #h names, by the channel as text, now (on `conn`: in its
         snapshot)."""
-        community = self.host.community.id
+        community = self._community_id
         sql = (
             f"SELECT c.uuid, c.access_epoch, {policy_stamp_sql('%s')}"  # noqa: S608 - composed from code
             " FROM buzz_channel c WHERE c.community_id = %s AND c.uuid = ANY(%s)"
@@ -495,7 +496,7 @@ class SyncSubscription:
         """
         if head is None:
             return None
-        inside = head.channel in self._scope_keys
+        inside = head.channel in self._channel_strs
         if inside and head.access != self._access.get(head.channel):
             return _RECHECK  # who reads its channel changed since the reader's access was decided
         if head.retired:
@@ -547,7 +548,7 @@ class SyncSubscription:
                 # Withheld now: only a new sync can tell the client that the artifact left (rule 6).
                 self.resync("an artifact of this sync was retired by moderation")
                 return None
-            if fresh.channel in self._scope_keys:
+            if fresh.channel in self._channel_strs:
                 # It came back. The client still holds it, and its own signal, on a channel this sync hears,
                 # decides what goes out.
                 self._holds.add(d)
@@ -599,7 +600,7 @@ class SyncSubscription:
                     "SELECT m.raw, m.redacted_at IS NULL FROM artifacts_moveremoval m"
                     " JOIN artifacts_artifact a ON a.id = m.artifact_id"
                     " WHERE a.community_id = %s AND a.d = %s AND m.source = ANY(%s) ORDER BY m.seq DESC LIMIT 1",
-                    (self.host.community.id, uuid.UUID(head.d), sorted(self._channels)),
+                    (self._community_id, uuid.UUID(head.d), sorted(self._channels)),
                 )
             ).fetchone()
         return str(row[0]) if row and row[1] else None
