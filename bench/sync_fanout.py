@@ -39,6 +39,8 @@ import inprocess
 
 inprocess.setup()
 
+import sync as sync_bench  # noqa: E402  (bench/sync.py: its revision())
+
 from artifacts import heads  # noqa: E402
 from artifacts.query import parse_sync_filter  # noqa: E402
 from artifacts.sync import SyncSubscription  # noqa: E402
@@ -82,12 +84,6 @@ class _Counter:
         self.frames += len(texts)
 
 
-def _revision(signer: Any, channel: uuid.UUID, d: str, n: int) -> dict[str, Any]:
-    tags = [["ar", "1"], ["d", d], ["h", str(channel)], ["type", "bench.task"], ["title", f"task {d[:8]}"]]
-    tags += [["op", "update"], ["status", "open"]]
-    return dict(signer.sign_event(kind=45010, tags=tags, content=json.dumps({"n": n})).to_dict())
-
-
 async def _until(counter: _Counter, frames: int) -> None:
     while counter.frames < frames:
         await asyncio.sleep(0)
@@ -111,7 +107,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         syncs.append(sync)
     total = args.changes * args.repeats
     ds = [str(uuid.uuid4()) for _ in range(total)]
-    events = [_revision(signer, channel, d, n) for n, d in enumerate(ds)]
+    events = [
+        sync_bench.revision(signer, d, str(channel), "update", content=json.dumps({"n": n})) for n, d in enumerate(ds)
+    ]
     rows = {
         d: (d, channel, False, False, ev["id"], n + 1, json.dumps(ev, separators=(",", ":")), 1, 0)
         for n, (d, ev) in enumerate(zip(ds, events, strict=True))
@@ -123,7 +121,6 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
     heads.HeadReader._query = staticmethod(answer)  # type: ignore[method-assign]
     topic = signals.channel_topic(COMMUNITY, channel)
-    prefixes = [f'["EVENT",{json.dumps(sync.sub_id)},' for sync in syncs]
     relay: list[float] = []
     floor: list[float] = []
     gc.collect()
@@ -143,8 +140,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         for n in chunk:
             raw = rows[ds[n]][6]
             expected = counter.frames + args.syncs
-            for sync, prefix in zip(syncs, prefixes, strict=True):
-                sync.host.outbound.try_put(f"{prefix}{raw}]")
+            for sync in syncs:
+                sync.host.outbound.try_put(f"{sync._prefix}{raw}]")
             await _until(counter, expected)
         floor.append((time.process_time() - start) / (args.changes * args.syncs) * 1e6)
     missing = [sync.sub_id for sync in syncs if len(sync._last) != total]
