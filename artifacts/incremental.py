@@ -6,7 +6,8 @@ that existed at that time; a later pass (a checkpoint) pages through what change
 start minus the 120 s overlap through its own start, inclusive. Every page is ordered by
 (change timestamp, source, stable identity):
 
-  source 0  membership removals of this reader          -> removeChannel (when it cost read access)
+  source 0  membership removals of this reader          -> removeChannel (when it cost read access,
+                                                           or the reader has joined again since)
   source 1  head changes (Artifact.changed_at)            -> upsert or remove
   source 2  this reader's grants (Membership.joined_at)   -> upsert of each current head in the channel
   source 3  move-source records (MoveRemoval.accepted_at) -> upsert or remove
@@ -1101,7 +1102,14 @@ def _later_sql(
         f'(SELECT mb.removed_at, {SRC_REMOVAL}, c.uuid::text COLLATE "C", NULL::artifacts_artifact, c.uuid::text'  # noqa: S608
         " FROM buzz_membership mb JOIN buzz_channel c ON c.id = mb.channel_id"
         f" WHERE c.community_id = %s AND mb.pubkey = %s AND mb.removed_at >= %s AND mb.removed_at <= {upto}"
-        " AND c.ttl_seconds IS NULL AND NOT (c.uuid = ANY(%s))"
+        " AND c.ttl_seconds IS NULL"
+        # Reported when it cost read access, or when the reader has joined the channel again since: the pages
+        # read while it was out left the channel out (a deletion there, a move out, an edit that no longer
+        # matches), and a later pass's window may no longer hold them; the new membership's grant, after
+        # this removal in the order, replays what is live. Not for a channel readable without membership (an
+        # open one): nothing would replay the rows it removes.
+        " AND (NOT (c.uuid = ANY(%s)) OR EXISTS (SELECT FROM buzz_membership again WHERE again.channel_id = c.id"
+        " AND again.pubkey = mb.pubkey AND again.removed_at IS NULL AND again.joined_at > mb.removed_at))"
         " AND (%s::uuid[] IS NULL OR c.uuid = ANY(%s::uuid[]))"
         " AND (%s::uuid[] IS NULL OR c.uuid = ANY(%s::uuid[]))"
     )

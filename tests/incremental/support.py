@@ -104,6 +104,7 @@ class Client:
     checkpoint: str | None = None
     pages: int = 0
     resets: list[str] = field(default_factory=list)
+    started: str | None = None  # the startedAt of the last pass read whole
     # Called between two pages of a pass (the simulation writes there).
     between_pages: Callable[[], Awaitable[None]] | None = None
 
@@ -127,6 +128,7 @@ class Client:
             changes.extend(body["changes"])
             if body["nextCursor"] is None:
                 assert "checkpoint" in body
+                self.started = started
                 return body["checkpoint"], changes
             assert "checkpoint" not in body, "only the final page carries a checkpoint"
             extra = {"cursor": body["nextCursor"]}

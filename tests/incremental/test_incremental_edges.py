@@ -1,10 +1,14 @@
-"""NIP-AR incremental reads, three edges of a later pass against a real relay: a moderator's kind-9005
+"""NIP-AR incremental reads, four edges of a later pass against a real relay: a moderator's kind-9005
 redaction that retires a held head (remove, and an initial read omits it), candidates of different
 sources tied on one change timestamp with a page boundary inside every tie (each candidate reported,
-none skipped at a boundary), and an explicit #h limiting move-source records and membership removals."""
+none skipped at a boundary), an explicit #h limiting move-source records and membership removals, and a
+reader removed from a channel in the middle of a pass and added again before the next one (the channel
+is removed, then replayed)."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import math
 import uuid
 from typing import Any
@@ -251,3 +255,80 @@ async def test_an_explicit_h_limits_move_sources_and_membership_removals(world: 
     # #h [gone]: the named channel r was removed from is the one removal reported.
     assert later["gone"] == [{"type": "removeChannel", "channelId": str(gone)}]
     assert clients["gone"].store.rows == {}
+
+
+# --- 4. removed in the middle of a pass, added again before the next ---------------------------------
+
+
+def _set_stamps(world: World, changed: dict[str, dt.datetime], joined: dt.datetime) -> None:
+    """Heads' changed_at as `changed` says, and every membership of r joined at `joined`."""
+    with psycopg.connect(relay_database_url(), autocommit=False) as conn:
+        community = world.community.pk
+        for d, at in changed.items():
+            updated = conn.execute(
+                "UPDATE artifacts_artifact SET changed_at = %s WHERE community_id = %s AND d = %s",
+                [at, community, uuid.UUID(d)],
+            ).rowcount
+            assert updated == 1
+        conn.execute(
+            "UPDATE buzz_membership mb SET joined_at = %s FROM buzz_channel c"
+            " WHERE c.id = mb.channel_id AND c.community_id = %s AND mb.pubkey = %s",
+            [joined, community, world.r.pubkey],
+        )
+        conn.commit()
+
+
+async def test_a_channel_left_out_mid_pass_and_joined_again_is_removed_then_replayed(
+    world: World, relay_factory: Any
+) -> None:
+    """r is removed from p2 between two pages of a later pass, whose remaining pages then leave p2 out: the
+    deletion of x there, in the window but older than the next pass's overlap, is read by no page. r is
+    added to p2 again before the next pass. That pass reports r's removal from p2 (removeChannel, so x goes)
+    and then its new grant replays p2's live heads (y comes back): the store ends equal to what r reads."""
+    relay = relay_factory(**env(BUZZ_INCREMENTAL_PAGE_ROWS="1"))
+    a = await _create(relay, world, world.p1)
+    x = await _create(relay, world, world.p2)
+    y = await _create(relay, world, world.p2)
+    now = dt.datetime.now(dt.UTC)
+    old = now - dt.timedelta(days=2)
+    # Nothing in any window but what this test puts there: the heads and r's memberships two days old.
+    await sync_to_async(_set_stamps)(world, {a: old, x: old, y: old}, old)
+    client = Client([relay], HOST, world.r, QUERY)
+    await _pass(client)
+    assert set(client.store.rows) == {a, x, y}
+    assert client.started is not None
+    start = dt.datetime.strptime(client.started, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+
+    # x is deleted. Then a (first in the order) and x changed just inside the next pass's window, which
+    # begins 120 s before `start`, and more than 120 s before that pass's own start: outside the window of
+    # the pass after it.
+    await _write(relay, world, x, world.p2, "delete")
+    await sync_to_async(_set_stamps)(
+        world, {a: start - dt.timedelta(seconds=119.8), x: start - dt.timedelta(seconds=119.6), y: old}, old
+    )
+    await asyncio.sleep(1.0)
+
+    removed = False
+
+    async def remove_once() -> None:
+        nonlocal removed
+        if not removed:
+            removed = True
+            await sync_to_async(channels.member_remove)(
+                community=world.community, channel_uuid=world.p2, actor=None, pubkey=world.r.pubkey
+            )
+
+    client.between_pages = remove_once
+    changes = await _pass(client)
+    client.between_pages = None
+    assert removed
+    # Page 1 read a; p2 was out of scope for the rest of the pass: nothing about x (this is the gap).
+    assert changes == [_upsert(world, a)], changes
+    assert x in client.store.rows
+
+    await sync_to_async(channels.member_put)(
+        community=world.community, channel_uuid=world.p2, actor=None, pubkey=world.r.pubkey
+    )
+    changes = await _pass(client)
+    assert changes == [{"type": "removeChannel", "channelId": str(world.p2)}, _upsert(world, y)], changes
+    assert client.store.heads() == {a: world.heads[a]["id"], y: world.heads[y]["id"]}
