@@ -141,6 +141,11 @@ def parse_envelope(event: Event, limits: EnvelopeLimits = DEFAULT_LIMITS) -> Env
     if event.kind != KIND_ARTIFACT:
         raise _bad(f"an artifact revision is kind {KIND_ARTIFACT}")
     check_tag_limits(event, limits)
+    # The version first: an envelope of another version may be shaped otherwise (other tags, other
+    # arities), and its author is told what is wrong with it, not which of today's rules it breaks.
+    for tag in event.tags:
+        if tag[0] == "ar" and len(tag) >= 2 and tag[1] != ENVELOPE_VERSION:
+            raise _bad(f"unsupported envelope version {tag[1][:16]!r} (this relay supports ar=1)")
     found: dict[str, str] = {}
     for tag in event.tags:
         name = tag[0]
@@ -154,8 +159,6 @@ def parse_envelope(event: Event, limits: EnvelopeLimits = DEFAULT_LIMITS) -> Env
     for name in REQUIRED_TAGS:
         if name not in found:
             raise _bad(f"missing envelope tag {name}")
-    if found["ar"] != ENVELOPE_VERSION:
-        raise _bad(f"unsupported envelope version {found['ar'][:16]!r} (this relay supports ar=1)")
     d = parse_uuid(found["d"], "d")
     h = parse_uuid(found["h"], "h")
     type_name = found["type"]

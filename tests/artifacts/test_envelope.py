@@ -127,6 +127,21 @@ def test_ar_version(value: str, shown: str) -> None:
     assert parse(envelope_tags(ar="1")).d == uuid.UUID(D)
 
 
+@pytest.mark.parametrize(
+    "tags",
+    [
+        [["ar", "2"], ["d", D], ["h", H]],  # no type, title or op
+        [["ar", "2"], *envelope_tags("create")[1:], ["prev", PREV]],  # prev on a create
+        [["ar", "2"], ["d", D, "extra"], ["h", H], ["type", "buzz.task"], ["op", "create"]],  # three elements
+        [["ar", "2", "extra"], *envelope_tags("create")[1:]],  # the version tag itself shaped otherwise
+        [["ar", "2"], ["ar", "1"], *envelope_tags("create")[1:]],  # twice
+    ],
+)
+def test_another_version_is_answered_as_one_whatever_its_shape(tags: list[list[str]]) -> None:
+    """An envelope of another version is refused for its version, not for today's rules it breaks."""
+    assert rejection(tags) == "invalid: unsupported envelope version '2' (this relay supports ar=1)"
+
+
 @pytest.mark.parametrize("name", ["d", "h"])
 @pytest.mark.parametrize(
     "value",
