@@ -62,7 +62,9 @@ async def authenticate(request: HttpRequest, community: CommunityInfo, body: byt
         )
     except ProtocolError as err:
         raise AuthFailure(err.reason) from None
-    key = f"{settings.BUZZ_REDIS_PREFIX}nip98:{community.id}:{auth.event_id}"
+    # One key per event, whatever the community: two communities may share a public URL (nothing makes it
+    # unique), and an event accepted by one must not be accepted again by the other.
+    key = f"{settings.BUZZ_REDIS_PREFIX}nip98:{auth.event_id}"
     try:
         fresh = await runtime.redis().set(key, b"1", nx=True, ex=2 * lim.http_auth_window + 5)
     except Exception:

@@ -49,3 +49,28 @@ def test_a_replayed_authorization_says_replayed(transactional_db: None, relay_fa
     # Varying the request (a nonce tag, or another created_at) makes a new event, accepted once more.
     assert post(header(w, "/count", body, now, [["nonce", "1"]])) == (200, {"count": 0})
     assert post(header(w, "/count", body, now - 1, []))[0] == 200
+
+
+def test_an_authorization_accepted_by_one_community_is_refused_by_another_with_the_same_url(
+    transactional_db: None, relay_factory: RelayFactory
+) -> None:
+    """Nothing makes a public URL unique to one community: two that share one verify the same signed URL, and
+    the event one accepted is refused by the other, as a replay (the guard is per event, not per community)."""
+    w = Signer.generate()
+    shared = f"ws://{HOST}/"
+    other = "nip98-replay-other.test"
+    for host in (HOST, other):
+        member_add(community=community_create(host=host, name=host, public_url=shared), pubkey=w.pubkey)
+    relay = relay_factory()
+    body = json.dumps([{"artifact": "current"}]).encode()
+    authorization = header(w, "/count", body, int(time.time()), [])
+
+    def post(host: str) -> tuple[int, dict[str, Any]]:
+        headers = {"Host": host, "Content-Type": "application/json", "Authorization": authorization}
+        answer = request_sync(relay, "POST", "/count", headers=headers, body=body)
+        return answer.status, answer.json()
+
+    assert post(HOST) == (200, {"count": 0})
+    status, answer = post(other)
+    assert status == 401
+    assert answer["error"].startswith("auth-required: replayed authorization event"), answer
