@@ -103,11 +103,31 @@ def _required(name: str) -> str:
     return value
 
 
+# Django's own deployment check asks as much of a secret: at least 50 characters, 5 of them distinct, and
+# not one of its generated development keys. A placeholder (.env.example's) or a short word is refused.
+SECRET_KEY_MIN_LENGTH = 50
+SECRET_KEY_MIN_DISTINCT = 5
+
+
+def _strong_secret(value: str) -> str:
+    if (
+        len(value) < SECRET_KEY_MIN_LENGTH
+        or len(set(value)) < SECRET_KEY_MIN_DISTINCT
+        or value.startswith("django-insecure-")
+    ):
+        raise _config_error(
+            f"SECRET_KEY must be a long random string (at least {SECRET_KEY_MIN_LENGTH} characters,"
+            f" {SECRET_KEY_MIN_DISTINCT} of them distinct); make one with"
+            """ python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"""
+        )
+    return value
+
+
 if DEV_MODE:
     SECRET_KEY = env.str("SECRET_KEY", default="") or secrets.token_urlsafe(50)
     ALLOWED_HOSTS: list[str] = env.list("ALLOWED_HOSTS", default=["*"])
 else:
-    SECRET_KEY = _required("SECRET_KEY")
+    SECRET_KEY = _strong_secret(_required("SECRET_KEY"))
     ALLOWED_HOSTS = [h for h in env.list("ALLOWED_HOSTS", default=[]) if h]
     if not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS:
         raise _config_error(
@@ -257,6 +277,12 @@ BUZZ_LIMITS = {
     "outbound_max_messages": env.int("BUZZ_OUTBOUND_MAX_MESSAGES", default=1024),
     "outbound_max_bytes": env.int("BUZZ_OUTBOUND_MAX_BYTES", default=4 * 1024 * 1024),
 }
+# An authentication's created_at window bounds how long a captured AUTH or NIP-98 event stays usable (and
+# how long the NIP-98 replay guard keeps its id): an hour at most, and never 0 or less (every login refused).
+MAX_AUTH_WINDOW = 3600
+for _name, _key in (("BUZZ_AUTH_WINDOW", "auth_window"), ("BUZZ_HTTP_AUTH_WINDOW", "http_auth_window")):
+    if not 1 <= BUZZ_LIMITS[_key] <= MAX_AUTH_WINDOW:
+        raise _config_error(f"{_name} must be from 1 to {MAX_AUTH_WINDOW} (seconds)")
 
 BUZZ_SOFTWARE = "buzz-artifact-relay"
 BUZZ_VERSION = "0.1.0"

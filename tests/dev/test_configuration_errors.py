@@ -4,6 +4,7 @@ exception keeps its traceback."""
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -45,13 +46,16 @@ def test_manage_py_names_every_missing_setting_in_one_line() -> None:
         assert name in line
 
 
+SECRET = secrets.token_urlsafe(50)
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
         ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_MAX_LIMIT": "lots"}, "BUZZ_MAX_LIMIT must be an integer, not 'lots'"),
         ({**UNREACHABLE, "BUZZ_DEV": "1", "DATABASE_URL": "mysql://x@y/z"}, "set DATABASE_URL to a PostgreSQL URL"),
         ({**UNREACHABLE, "BUZZ_DEV": "1", "REDIS_URL": "127.0.0.1:6379"}, "set REDIS_URL to a Redis URL"),
-        ({**UNREACHABLE, "SECRET_KEY": "k" * 50, "ALLOWED_HOSTS": "*"}, "set ALLOWED_HOSTS to the relay's host names"),
+        ({**UNREACHABLE, "SECRET_KEY": SECRET, "ALLOWED_HOSTS": "*"}, "set ALLOWED_HOSTS to the relay's host names"),
         # 0 is PostgreSQL's "no statement timeout": a budget of 0 would be none at all.
         ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_READ_STATEMENT_BUDGET_MS": "0"}, "BUZZ_READ_STATEMENT_BUDGET_MS must"),
         ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_QUERY_BUDGET_MS": "-5"}, "BUZZ_QUERY_BUDGET_MS must be at least 1"),

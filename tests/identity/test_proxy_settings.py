@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 BASE = Path(__file__).resolve().parents[2]
 PRODUCTION = {
-    "SECRET_KEY": "x" * 50,
+    "SECRET_KEY": secrets.token_urlsafe(50),
     "ALLOWED_HOSTS": "relay.example.com",
     "DATABASE_URL": "postgres://u@127.0.0.1:1/db",
     "REDIS_URL": "redis://127.0.0.1:1/0",
