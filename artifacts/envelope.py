@@ -142,10 +142,11 @@ def parse_envelope(event: Event, limits: EnvelopeLimits = DEFAULT_LIMITS) -> Env
         raise _bad(f"an artifact revision is kind {KIND_ARTIFACT}")
     check_tag_limits(event, limits)
     # The version first: an envelope of another version may be shaped otherwise (other tags, other
-    # arities), and its author is told what is wrong with it, not which of today's rules it breaks.
-    for tag in event.tags:
-        if tag[0] == "ar" and len(tag) >= 2 and tag[1] != ENVELOPE_VERSION:
-            raise _bad(f"unsupported envelope version {tag[1][:16]!r} (this relay supports ar=1)")
+    # arities), and its author is told what is wrong with it, not which of today's rules it breaks. (Two
+    # version tags are no version: that is answered below, as any envelope tag that occurs twice.)
+    versions = [tag for tag in event.tags if tag[0] == "ar"]
+    if len(versions) == 1 and len(versions[0]) >= 2 and versions[0][1] != ENVELOPE_VERSION:
+        raise _bad(f"unsupported envelope version {versions[0][1][:16]!r} (this relay supports ar=1)")
     found: dict[str, str] = {}
     for tag in event.tags:
         name = tag[0]

@@ -134,7 +134,6 @@ def test_ar_version(value: str, shown: str) -> None:
         [["ar", "2"], *envelope_tags("create")[1:], ["prev", PREV]],  # prev on a create
         [["ar", "2"], ["d", D, "extra"], ["h", H], ["type", "buzz.task"], ["op", "create"]],  # three elements
         [["ar", "2", "extra"], *envelope_tags("create")[1:]],  # the version tag itself shaped otherwise
-        [["ar", "2"], ["ar", "1"], *envelope_tags("create")[1:]],  # twice
     ],
 )
 def test_another_version_is_answered_as_one_whatever_its_shape(tags: list[list[str]]) -> None:
@@ -294,6 +293,11 @@ def test_envelope_tag_twice(name: str) -> None:
     base = envelope_tags("update", root=ROOT)
     same = next(t for t in base if t[0] == name)
     assert rejection([*base, list(same)]) == f"invalid: envelope tag {name} occurs more than once"
+
+
+def test_two_version_tags_are_a_tag_twice_whatever_their_values() -> None:
+    tags = [["ar", "1"], *envelope_tags("create")[1:], ["ar", "2"]]
+    assert rejection(tags) == "invalid: envelope tag ar occurs more than once"
 
 
 def test_tag_count_limit() -> None:
