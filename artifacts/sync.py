@@ -534,9 +534,12 @@ class SyncSubscription:
 
         The head was read before the access check, and what happens to it in its new channel is signalled on
         that channel's topic, which this sync doesn't hear: a redaction that retired it meanwhile would not
-        end the sync. So a readable head is read again after the check, and the fresh one decides."""
+        end the sync, nor would a change of who reads that channel. So a readable head is read again after
+        the check, and the fresh one decides, sent only when who reads its channel is still what the check
+        saw (its access epoch); else the reader's access is checked again."""
         for _ in range(_LEFT_READS):
-            if not await self._can_read(head.home):
+            epoch = await self._readable_at(head.home)
+            if epoch is None:
                 removal = await self._removal(head)
                 if removal is None:
                     # The removal was redacted: nothing can tell the client the artifact left, but a new sync.
@@ -553,10 +556,10 @@ class SyncSubscription:
                 # decides what goes out.
                 self._holds.add(d)
                 return None
-            if fresh.home == head.home:
+            if fresh.home == head.home and sum(fresh.access) == epoch:
                 self._last[d] = max(self._last.get(d, 0), fresh.seq)
                 return self._prefix + fresh.raw + "]"
-            head = fresh  # it moved on again: decide for its new channel
+            head = fresh  # it moved on again, or who reads its channel changed: decide again
         self.resync("an artifact of this sync kept moving while it was read")
         return None
 
@@ -588,6 +591,15 @@ class SyncSubscription:
 
     async def _can_read(self, channel: uuid.UUID) -> bool:
         return (await check_read(self._actor(), channel)).ok
+
+    async def _readable_at(self, channel: uuid.UUID) -> int | None:
+        """The channel's effective access epoch (ChannelAccess.epoch, the sum of a Head's `access`) when the
+        reader can read it now, else None."""
+        decision = await check_read(self._actor(), channel)
+        if not decision.ok:
+            return None
+        # A decision always carries its facts; without them, an epoch no head has: the check is made again.
+        return decision.access.epoch if decision.access is not None else -1
 
     async def _removal(self, head: Head) -> str | None:
         """The 45011 stored in a channel of this sync when the artifact moved where the reader can't read: the

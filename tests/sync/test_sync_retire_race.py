@@ -76,7 +76,7 @@ def live_sync(host: Host, channel: uuid.UUID, reader: HeldReader) -> SyncSubscri
     return sync
 
 
-def head(d: str, channel: uuid.UUID, *, seq: int, retired: bool = False) -> Head:
+def head(d: str, channel: uuid.UUID, *, seq: int, retired: bool = False, access: tuple[int, int] = (0, 0)) -> Head:
     raw = f'{{"id":"{seq:064x}","kind":45010,"tags":[["d","{d}"],["h","{channel}"]]}}'
     return Head(
         d=d,
@@ -87,6 +87,7 @@ def head(d: str, channel: uuid.UUID, *, seq: int, retired: bool = False) -> Head
         seq=seq,
         raw=raw,
         tags=(("d", d), ("h", str(channel))),
+        access=access,
     )
 
 
@@ -141,10 +142,10 @@ def moved_out_sync(host: Host, reader: HeldReader, d: str) -> tuple[SyncSubscrip
     sync._holds.add(d)
     sync._last[d] = 4
 
-    async def readable(channel: uuid.UUID) -> bool:
-        return True
+    async def readable_at(channel: uuid.UUID) -> int | None:
+        return 0  # readable, at the access epoch of the heads below (access (0, 0))
 
-    sync._can_read = readable  # type: ignore[method-assign]
+    sync._readable_at = readable_at  # type: ignore[method-assign]
     return sync, a, b
 
 
@@ -182,6 +183,61 @@ async def test_a_moved_out_head_is_sent_as_the_writer_has_it_after_the_check() -
     text = await _left_with(sync, reader, d, head(d, b, seq=5), later)
     assert text is not None and later.raw in text and host.closed == []
     assert sync._last[d] == 7
+
+
+@pytest.mark.asyncio
+async def test_a_moved_out_head_is_not_sent_when_who_reads_its_channel_changed_after_the_check() -> None:
+    """The reader could read B when checked; then who reads B changed (the reader was removed from it; the
+    signal is on B's topic, which a sync of A doesn't hear) and d was edited there. The head read after the
+    check carries B's new access epoch: it is not sent on the old check. The reader's access is checked
+    again, and it has lost B: the removal stored in A goes out, never the edit."""
+    host, reader = Host(), HeldReader()
+    d = str(uuid.uuid4())
+    sync, _, b = moved_out_sync(host, reader, d)
+    epochs = iter([0, None])  # readable at epoch 0; at the second check, no longer readable
+    checks: list[uuid.UUID] = []
+
+    async def readable_at(channel: uuid.UUID) -> int | None:
+        checks.append(channel)
+        return next(epochs)
+
+    async def removal(moved: Head) -> str:
+        return '{"kind":45011,"tags":[["d","' + d + '"]]}'
+
+    sync._readable_at = readable_at  # type: ignore[method-assign]
+    sync._removal = removal  # type: ignore[method-assign,assignment]
+    edited = head(d, b, seq=7, access=(1, 0))  # edited in B after who reads B changed
+    text = await _left_with(sync, reader, d, head(d, b, seq=5), edited)
+    assert checks == [b, b]
+    assert text is not None and "45011" in text and edited.raw not in text
+    assert host.closed == []
+
+
+@pytest.mark.asyncio
+async def test_a_moved_out_head_read_again_after_a_change_that_kept_access_is_sent() -> None:
+    """The same change of who reads B, but the reader keeps B: the head is read once more after the second
+    check, at the epoch that check saw, and that one goes out."""
+    host, reader = Host(), HeldReader()
+    d = str(uuid.uuid4())
+    sync, _, b = moved_out_sync(host, reader, d)
+    epochs = iter([0, 1])
+
+    async def readable_at(channel: uuid.UUID) -> int | None:
+        return next(epochs)
+
+    sync._readable_at = readable_at  # type: ignore[method-assign]
+    task = asyncio.ensure_future(sync._left(d, head(d, b, seq=5)))
+    for answer_with in (head(d, b, seq=7, access=(1, 0)), head(d, b, seq=8, access=(1, 0))):
+        for _ in range(100):
+            if reader.asked:
+                break
+            await asyncio.sleep(0)
+        (asked, answer) = reader.asked.pop()
+        assert asked == d
+        answer(answer_with, None)
+    text = await task
+    assert text is not None and '"id":"' + f"{8:064x}" + '"' in text and host.closed == []
+    assert sync._last[d] == 8
 
 
 @pytest.mark.asyncio
