@@ -152,6 +152,9 @@ class SyncSubscription:
         self._prefix = f'["EVENT",{_dumps(sub_id)},'
         self._live: LiveSubscription | None = None
         self._task: asyncio.Task[None] | None = None
+        # The initial set's drain (buffer -> send queue): ended with the sync, so no frame of the set follows
+        # the CLOSED (the snapshot's own task may still be rolling back when the sync ends).
+        self._drain_task: asyncio.Task[None] | None = None
         # d of the client's copy as this sync sent it: "before" of rule 3.
         self._holds: set[str] = set()
         # d -> seq of the last head sent for it, kept after it leaves the set: never older (rule 4).
@@ -186,6 +189,9 @@ class SyncSubscription:
         self.ended = True
         self._disarm_expiry()
         self._uncount()
+        drain = self._drain_task
+        if drain is not None and drain is not asyncio.current_task():
+            drain.cancel()  # at once: a replacing REQ's frames must not follow any of this sync's
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -202,9 +208,9 @@ class SyncSubscription:
         self.ended = True
         self._disarm_expiry()
         self._uncount()
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
+        for task in (self._task, self._drain_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         self.host.subscription_ended(self, reason)
 
     def _disarm_expiry(self) -> None:
@@ -291,7 +297,7 @@ class SyncSubscription:
     async def _initial_set(self) -> bool:
         """Rule 2: the whole set from one snapshot, streamed through a bounded buffer, then EOSE."""
         buffer = _ByteBuffer(self._buffer_bytes, self._max_events + 1)
-        drain = asyncio.get_running_loop().create_task(self._drain(buffer), name=f"sync-drain:{self.sub_id}")
+        drain = self._start_drain(buffer)
         try:
             try:
                 async with asyncio.timeout(self._budget):
@@ -318,6 +324,7 @@ class SyncSubscription:
                 drain.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await drain
+            self._drain_task = None
         if self.ended or not await self._access_held(at_snapshot):
             return False
         await self.host.outbound.put(_dumps(["EOSE", self.sub_id]), timeout=SEND_TIMEOUT)
@@ -393,9 +400,17 @@ class SyncSubscription:
             return False
         return True
 
+    def _start_drain(self, buffer: _ByteBuffer) -> asyncio.Task[None]:
+        """The task that moves the initial set from `buffer` to the send queue (`end` cancels it)."""
+        drain = asyncio.get_running_loop().create_task(self._drain(buffer), name=f"sync-drain:{self.sub_id}")
+        self._drain_task = drain
+        return drain
+
     async def _drain(self, buffer: _ByteBuffer) -> None:
         try:
             while (text := await buffer.get()) is not None:
+                if self.ended:
+                    return
                 buffer.draining = True
                 await self.host.outbound.put(text, timeout=SEND_TIMEOUT)
                 buffer.draining = False

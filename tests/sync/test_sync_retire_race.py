@@ -18,7 +18,7 @@ import pytest
 
 from artifacts.heads import Head, HeadCallback
 from artifacts.query import parse_query
-from artifacts.sync import SyncSubscription
+from artifacts.sync import SyncSubscription, _ByteBuffer
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
 from buzz.limits import limits
@@ -249,3 +249,39 @@ async def test_a_head_that_came_back_meanwhile_is_left_to_its_own_signal() -> No
     text = await _left_with(sync, reader, d, head(d, b, seq=5), head(d, a, seq=6))
     assert text is None and host.closed == []
     assert d in sync._holds  # the client still has it: the move back's signal decides what goes out
+
+
+# --- no frame of the initial set after the sync ended -------------------------------------------------
+
+
+async def _turns(n: int = 20) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["end", "close"])
+async def test_no_frame_of_the_initial_set_follows_the_end_of_the_sync(how: str) -> None:
+    """The drain holds a frame of the initial set and waits for room in a full send queue when the sync ends
+    (CLOSED "resync: ...", or the client's CLOSE or a replacing REQ). When room comes, the frame is not
+    queued: after the CLOSED, or before the replacing sync's frames under the same subscription id, it would
+    be counted in a set it is not part of."""
+    host, channel = Host(), uuid.uuid4()
+    sync = SyncSubscription(host, "s", parse_query({"artifact": "current", "#h": [str(channel)]}), [channel])
+    out = host.outbound
+    for i in range(out.max_messages):
+        out.try_put(f"filler {i}")  # the writer isn't started: the queue stays full
+    buffer = _ByteBuffer(1 << 20, 16)
+    drain = sync._start_drain(buffer)
+    await buffer.put('["EVENT","s",{"stale":1}]')
+    await _turns()
+    assert buffer.draining and not drain.done()  # the frame is taken, waiting for room
+    if how == "end":
+        sync.resync("a test")
+    else:
+        await sync.close()
+    out._items.popleft()
+    out._sent(10, 0, 0)  # the writer sent one frame: room for one
+    await _turns()
+    assert '["EVENT","s",{"stale":1}]' not in host.queued()
+    assert drain.done()
