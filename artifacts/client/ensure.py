@@ -91,12 +91,41 @@ async def _read_head(relay: Writer, d: str, channel: str) -> Event | None:
 
 
 def _object(text: str) -> dict[str, Any] | None:
-    """`text` as a JSON object, or None (not JSON, or JSON of another shape)."""
+    """`text` as a JSON object whose every field an update writes back as it was, or None: not JSON, JSON of
+    another shape, or JSON holding what compact JSON would write otherwise (a number such as 1E2, 1.50 or
+    -0, one past a float's range or precision, NaN or Infinity, a key that occurs twice). An update that
+    changed such a field would not keep it: the edit is declined instead."""
+    exact = True
+
+    def number(literal: str, kind: type[int] | type[float]) -> int | float:
+        nonlocal exact
+        value = kind(literal)
+        if json.dumps(value) != literal:
+            exact = False
+        return value
+
+    def constant(literal: str) -> None:
+        nonlocal exact
+        exact = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal exact
+        value = dict(items)
+        if len(value) != len(items):
+            exact = False
+        return value
+
     try:
-        value = json.loads(text)
+        value = json.loads(
+            text,
+            parse_int=lambda s: number(s, int),
+            parse_float=lambda s: number(s, float),
+            parse_constant=constant,
+            object_pairs_hook=pairs,
+        )
     except ValueError:
         return None
-    return value if isinstance(value, dict) else None
+    return value if isinstance(value, dict) and exact else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +147,9 @@ def _edit_of(head: Event, title: str, content: str, tags: Sequence[Sequence[str]
         text, same_content = content, head.content == content
     elif current is not None and wanted is not None:
         fields = {**current, **wanted}
-        text, same_content = content_text(fields), fields == current
+        # Compared as written: in Python true == 1 == 1.0, in the content they are three values.
+        text = content_text(fields)
+        same_content = text == content_text(current)
     else:
         return None
     named = {t[0] for t in tags}
