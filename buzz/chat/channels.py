@@ -236,11 +236,14 @@ def member_put(
     channel_uuid: uuid.UUID,
     actor: str | None,
     pubkey: str,
-    role: str = ChannelRole.MEMBER,
+    role: str | None = ChannelRole.MEMBER,
     request: Event | None = None,
 ) -> Membership:
-    """NIP-29 9000. actor None means an operator (admin, management command): no channel-role checks."""
-    if role not in ChannelRole.values:
+    """NIP-29 9000. actor None means an operator (admin, management command): no channel-role checks.
+
+    role None (a 9000 that names no role): a new member joins as a member; an existing member keeps their
+    role. Changing an existing member's role is an owner's or an admin's, in both directions."""
+    if role is not None and role not in ChannelRole.values:
         raise ChannelError(f"invalid: role must be one of {', '.join(ChannelRole.values)}")
     with transaction.atomic():
         channel = _lock(community, channel_uuid)
@@ -252,7 +255,7 @@ def member_put(
                 raise ChannelError("restricted: only owners and admins add members to a private channel")
             if channel.visibility == Visibility.OPEN and actor_role is None:
                 raise ChannelError("restricted: not a channel member")
-            if role != ChannelRole.MEMBER and actor_role not in MANAGER_ROLES:
+            if role not in (None, ChannelRole.MEMBER) and actor_role not in MANAGER_ROLES:
                 raise ChannelError("restricted: only owners and admins assign roles")
             if role == ChannelRole.OWNER and actor_role != "owner":
                 raise ChannelError("restricted: only an owner makes another owner")
@@ -260,17 +263,21 @@ def member_put(
                 raise ChannelError("invalid: channel is archived")
         current = active_membership(channel, pubkey)
         if current is not None:
-            if current.role == ChannelRole.OWNER and role != ChannelRole.OWNER and _owners(channel) <= 1:
-                raise ChannelError("invalid: the last owner can't be demoted")
-            if actor is not None and current.role == ChannelRole.OWNER and role_of(channel, actor) != "owner":
-                raise ChannelError("restricted: only an owner changes an owner's role")
-            current.role = role
-            with guarded_writes():  # this service publishes the access change
-                current.save(update_fields=["role"])
+            new_role = current.role if role is None else role  # no role named: the member keeps theirs
+            if new_role != current.role:
+                if actor is not None and role_of(channel, actor) not in MANAGER_ROLES:
+                    raise ChannelError("restricted: only owners and admins change a member's role")
+                if current.role == ChannelRole.OWNER and _owners(channel) <= 1:
+                    raise ChannelError("invalid: the last owner can't be demoted")
+                if actor is not None and current.role == ChannelRole.OWNER and role_of(channel, actor) != "owner":
+                    raise ChannelError("restricted: only an owner changes an owner's role")
+                current.role = new_role
+                with guarded_writes():  # this service publishes the access change
+                    current.save(update_fields=["role"])
             membership = current
         else:
             membership = Membership.objects.create(
-                channel=channel, pubkey=pubkey, role=role, read_mark=_message_count(channel)
+                channel=channel, pubkey=pubkey, role=role or ChannelRole.MEMBER, read_mark=_message_count(channel)
             )
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)

@@ -132,7 +132,7 @@ def _group_service(actor: Actor, event: Event) -> tuple[Callable[..., Any], dict
     kind = event.kind
     if kind == KIND_PUT_USER:
         pubkey, role = _pubkey_tag(event)
-        return channel_services.member_put, {"actor": actor.pubkey, "pubkey": pubkey, "role": role or "member"}
+        return channel_services.member_put, {"actor": actor.pubkey, "pubkey": pubkey, "role": role or None}
     if kind == KIND_REMOVE_USER:
         return channel_services.member_remove, {"actor": actor.pubkey, "pubkey": _pubkey_tag(event)[0]}
     if kind == KIND_LEAVE:

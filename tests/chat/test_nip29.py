@@ -172,6 +172,43 @@ def test_last_owner_cannot_be_demoted_removed_or_leave(crew_db: Crew) -> None:
     )
 
 
+def test_only_owners_and_admins_change_an_existing_members_role(crew_db: Crew) -> None:
+    """A 9000 naming someone already in the channel changes their role only when an owner or an admin sends
+    it, down as well as up; one that names no role changes nothing (the member keeps theirs)."""
+    c = crew_db
+    opn: dict[str, Any] = {"community": c.community, "channel_uuid": c.open}
+    channel = Channel.objects.get(community=c.community, uuid=c.open)
+
+    def role(pubkey: str) -> str | None:
+        return channels.role_of(channel, pubkey)
+
+    assert (role(c.admin.pubkey), role(c.member.pubkey)) == ("admin", "member")
+    # A member's bare 9000 naming the admin: the admin stays an admin.
+    channels.member_put(**opn, actor=c.member.pubkey, pubkey=c.admin.pubkey, role=None)
+    assert role(c.admin.pubkey) == "admin"
+    # Naming a role: a demotion is a manager's.
+    refused(
+        lambda: channels.member_put(**opn, actor=c.member.pubkey, pubkey=c.admin.pubkey, role="member"),
+        "restricted: only owners and admins change a member's role",
+    )
+    assert role(c.admin.pubkey) == "admin"
+    # A guest's bare 9000 naming itself: still a guest.
+    channels.member_put(**opn, actor=None, pubkey=c.outsider.pubkey, role="guest")
+    channels.member_put(**opn, actor=c.outsider.pubkey, pubkey=c.outsider.pubkey, role=None)
+    assert role(c.outsider.pubkey) == "guest"
+    refused(
+        lambda: channels.member_put(**opn, actor=c.outsider.pubkey, pubkey=c.outsider.pubkey, role="member"),
+        "restricted: only owners and admins change a member's role",
+    )
+    # The owner's bare 9000 naming the admin keeps the admin; naming a role changes it.
+    channels.member_put(**opn, actor=c.owner.pubkey, pubkey=c.admin.pubkey, role=None)
+    assert role(c.admin.pubkey) == "admin"
+    channels.member_put(**opn, actor=c.owner.pubkey, pubkey=c.admin.pubkey, role="member")
+    assert role(c.admin.pubkey) == "member"
+    # A new member named without a role joins as a member.
+    channels.member_put(**opn, actor=c.member.pubkey, pubkey=Signer.generate().pubkey, role=None)
+
+
 def test_channel_roles_decide_who_adds_and_removes(crew_db: Crew) -> None:
     c = crew_db
     priv: dict[str, Any] = {"community": c.community, "channel_uuid": c.private}
@@ -447,6 +484,26 @@ async def test_ws_9000_and_9001_change_membership_by_role(crew: Crew, relay_fact
         await rejected(outsider, message(c.outsider, ch), NOT_A_MEMBER)
         got = await state_over_req(owner, c.private, [39002])
         assert c.outsider.pubkey not in roster(got[39002])
+
+
+async def test_ws_a_members_9000_naming_an_admin_changes_nothing(crew: Crew, relay_factory: Any) -> None:
+    """In an open channel any member adds members; a member's 9000 naming the admin without a role keeps the
+    admin an admin, and one naming the member role is refused."""
+    c = crew
+    relay = relay_factory()
+    ch = str(c.open)
+    async with connect(relay) as member:
+        assert (await member.auth(c.member))[2] is True
+        await accepted(member, signed(c.member, 9000, [["h", ch], ["p", c.admin.pubkey]]))
+        await rejected(
+            member,
+            signed(c.member, 9000, [["h", ch], ["p", c.admin.pubkey, "member"]]),
+            "restricted: only owners and admins change a member's role",
+        )
+        roles = await sync_to_async(
+            lambda: dict(Membership.objects.filter(channel__uuid=c.open, removed_at=None).values_list("pubkey", "role"))
+        )()
+        assert roles[c.admin.pubkey] == "admin"
 
 
 async def test_ws_9021_join_and_9022_leave(crew: Crew, relay_factory: Any) -> None:
