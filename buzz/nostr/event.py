@@ -112,7 +112,7 @@ def utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
-def _has_surrogate(text: str) -> bool:
+def has_surrogate(text: str) -> bool:
     # A decoded JSON string may hold a lone surrogate ("\ud800"); it has no
     # UTF-8 form, so the event could never be hashed.
     return not text.isascii() and _SURROGATE.search(text) is not None
@@ -169,14 +169,14 @@ def parse_event(obj: object, *, max_tags: int | None = None, max_content_bytes: 
         for item in raw_tag:
             if type(item) is not str:
                 raise ProtocolError("invalid: tag elements must be strings")
-            if _has_surrogate(item):
+            if has_surrogate(item):
                 raise ProtocolError("invalid: tag contains an unpaired surrogate")
         tags.append(tuple(raw_tag))
 
     content = obj["content"]
     if type(content) is not str:
         raise ProtocolError("invalid: content must be a string")
-    if _has_surrogate(content):
+    if has_surrogate(content):
         raise ProtocolError("invalid: content contains an unpaired surrogate")
     # n code points are at most 4n UTF-8 bytes: measure only when the limit could be exceeded.
     if (

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .event import has_surrogate
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _TAG_KEY = re.compile(r"^#[A-Za-z]\Z")
 MAX_INT = 2**53 - 1
@@ -93,6 +95,10 @@ def parse_filter(raw: object, *, max_values: int, max_limit: int, default_limit:
             items = _values(key, v, max_values)
             if not all(isinstance(x, str) for x in items):
                 raise FilterError(f"invalid: filter {key} must hold strings")
+            # No stored tag holds either (buzz.events.store refuses U+0000; an event can't hold a lone
+            # surrogate), and PostgreSQL can't take them as query text: refused here, not failed there.
+            if any("\x00" in x or has_surrogate(x) for x in items):
+                raise FilterError(f"invalid: filter {key} values can't contain U+0000 or unpaired surrogates")
             tags.append((key[1], tuple(items)))
         else:
             # No predicate is silently ignored: an unknown key would widen the result.

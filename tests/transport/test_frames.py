@@ -124,6 +124,10 @@ def test_filter_values_are_strict() -> None:
     assert reply_of(json.dumps(["REQ", "s", {"since": 1.5}]))[2].startswith("invalid: filter since")
     assert reply_of(json.dumps(["REQ", "s", {"limit": -1}]))[2].startswith("invalid: filter limit")
     assert reply_of(json.dumps(["REQ", "s", {"#e": [1]}]))[2] == "invalid: filter #e must hold strings"
+    for value in ("a\u0000b", "\ud800", "x\udfffy"):  # PostgreSQL text can't hold either
+        reason = "invalid: filter #t values can't contain U+0000 or unpaired surrogates"
+        assert reply_of(json.dumps(["REQ", "s", {"#t": ["ok", value]}]))[2] == reason, value
+        assert reply_of(json.dumps(["COUNT", "s", {"#t": [value]}]))[2] == reason, value
     assert reply_of(json.dumps(["REQ", "s", {"kinds": list(range(9))}]))[2].startswith("invalid: filter kinds has more")
 
 
