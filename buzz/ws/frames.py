@@ -7,7 +7,7 @@ Every malformed frame becomes a FrameError that carries the exact reply to send
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from buzz.nostr import strictjson
 from buzz.nostr.filters import Filter, FilterError, parse_filter
@@ -65,9 +65,13 @@ Frame = EventFrame | AuthFrame | ReqFrame | ModeReqFrame | CountFrame | CloseFra
 
 
 class FrameError(Exception):
-    def __init__(self, reply: list[Any]) -> None:
+    """A frame refused while parsing: `reply` answers it. `replacing` names the subscription id of a REQ
+    refused here: NIP-01 ends an open subscription of that id too (a REQ with its id replaces it)."""
+
+    def __init__(self, reply: list[Any], *, replacing: str | None = None) -> None:
         super().__init__(reply[-1])
         self.reply = reply
+        self.replacing = replacing
 
 
 def notice(reason: str) -> FrameError:
@@ -95,7 +99,8 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
         raise notice("invalid: message type must be a string")
     if verb == "EVENT":
         if len(value) != 2:
-            raise notice("invalid: EVENT takes exactly one event")
+            # NIP-01 answers every EVENT with OK: with its id when the frame carries one.
+            raise FrameError(["OK", _id_of(value[1] if len(value) > 1 else None), False, EVENT_ARITY])
         return EventFrame(value[1])
     if verb == "AUTH":
         if len(value) != 2:
@@ -103,25 +108,42 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
         return AuthFrame(value[1])
     if verb in ("REQ", "COUNT"):
         sub_id = _sub_id(value, limits)
-        raw = value[2:]
-        if not raw:
-            raise closed(sub_id, f"invalid: {verb} needs at least one filter")
-        if len(raw) > limits.max_filters:
-            raise closed(sub_id, f"invalid: at most {limits.max_filters} filters per {verb}")
-        mode = _mode_of(raw, limits)
-        if mode is not None:
-            if verb == "COUNT":
-                raise closed(sub_id, f"invalid: COUNT does not take {mode!r} filters")
-            return ModeReqFrame(sub_id, mode, tuple(raw))
-        filters = tuple(_filter(sub_id, f, limits) for f in raw)
-        if verb == "REQ":
-            return ReqFrame(sub_id, filters)
-        return CountFrame(sub_id, filters)
+        try:
+            return _req_or_count(verb, sub_id, value[2:], limits)
+        except FrameError as err:
+            if verb == "REQ":
+                err.replacing = sub_id
+            raise
     if verb == "CLOSE":
         if len(value) != 2:
             raise notice("invalid: CLOSE takes exactly one subscription id")
         return CloseFrame(_sub_id(value, limits))
     raise notice(f"invalid: unknown message type {verb[:32]!r}")
+
+
+EVENT_ARITY: Final = "invalid: EVENT takes exactly one event"
+
+
+def _id_of(raw: object) -> str:
+    """The id to echo in OK, from a raw event that carries one (as buzz.events.ingest echoes it)."""
+    value = raw.get("id") if isinstance(raw, dict) else None
+    return value if isinstance(value, str) and len(value) <= 64 and is_unicode(value) else ""
+
+
+def _req_or_count(verb: str, sub_id: str, raw: list[Any], limits: FrameLimits) -> Frame:
+    if not raw:
+        raise closed(sub_id, f"invalid: {verb} needs at least one filter")
+    if len(raw) > limits.max_filters:
+        raise closed(sub_id, f"invalid: at most {limits.max_filters} filters per {verb}")
+    mode = _mode_of(raw, limits)
+    if mode is not None:
+        if verb == "COUNT":
+            raise closed(sub_id, f"invalid: COUNT does not take {mode!r} filters")
+        return ModeReqFrame(sub_id, mode, tuple(raw))
+    filters = tuple(_filter(sub_id, f, limits) for f in raw)
+    if verb == "REQ":
+        return ReqFrame(sub_id, filters)
+    return CountFrame(sub_id, filters)
 
 
 def _sub_id(value: list[Any], limits: FrameLimits) -> str:

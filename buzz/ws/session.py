@@ -125,6 +125,12 @@ class Session:
         try:
             frame = parse_frame(text, self._frame_limits)
         except FrameError as err:
+            if err.replacing is not None:
+                # A REQ refused while parsing still replaces an open subscription of its id (NIP-01): its
+                # CLOSED says that id has ended, so nothing more may come for it.
+                previous = self.subscriptions.pop(err.replacing, None)
+                if previous is not None:
+                    await previous.close()
             self.reply(err.reply)
             return
         if isinstance(frame, EventFrame):

@@ -97,8 +97,15 @@ def test_malformed_json_and_shapes() -> None:
     assert reply_of("[]") == ["NOTICE", "invalid: message must be a non-empty JSON array"]
     assert reply_of("[1]") == ["NOTICE", "invalid: message type must be a string"]
     assert reply_of('["HELLO"]') == ["NOTICE", "invalid: unknown message type 'HELLO'"]
-    assert reply_of('["EVENT"]')[0] == "NOTICE"
-    assert reply_of('["EVENT", {}, {}]')[0] == "NOTICE"
+    # NIP-01 answers every EVENT with OK, a malformed frame too (with its event's id when it has one).
+    assert reply_of('["EVENT"]') == ["OK", "", False, "invalid: EVENT takes exactly one event"]
+    assert reply_of('["EVENT", {}, {}]') == ["OK", "", False, "invalid: EVENT takes exactly one event"]
+    assert reply_of('["EVENT", {"id": "' + "ab" * 32 + '"}, 1]') == [
+        "OK",
+        "ab" * 32,
+        False,
+        "invalid: EVENT takes exactly one event",
+    ]
     assert reply_of('["CLOSE"]')[0] == "NOTICE"
     assert reply_of('["REQ", 5, {}]')[0] == "NOTICE"
     assert reply_of('["REQ", "", {}]') == ["NOTICE", "invalid: subscription id must not be empty"]

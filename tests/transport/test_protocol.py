@@ -149,6 +149,11 @@ async def test_bad_frames_get_reasons_and_connection_keeps_working(keys: dict[st
         unsupported = keys["member"].sign_event(kind=1, tags=[], content="hi")
         await c.send_json(["EVENT", unsupported.to_dict()])
         assert (await c.expect("OK", where=lambda m: m[1] == unsupported.id))[3].startswith("blocked: kind 1")
+        # An EVENT frame of another shape is still answered with OK (NIP-01), with its event's id.
+        await c.send_json(["EVENT", {"id": "ab" * 32}, 1])
+        assert await c.expect("OK") == ["OK", "ab" * 32, False, "invalid: EVENT takes exactly one event"]
+        await c.send_json(["EVENT"])
+        assert await c.expect("OK") == ["OK", "", False, "invalid: EVENT takes exactly one event"]
         # Subscription limit, and a REQ reusing an open id replaces it instead of counting twice.
         for sub in ("a", "b", "a"):
             await c.send_json(["REQ", sub, {"kinds": [9]}])
@@ -158,6 +163,16 @@ async def test_bad_frames_get_reasons_and_connection_keeps_working(keys: dict[st
         await c.send_json(["CLOSE", "a"])
         await c.send_json(["REQ", "c", {"kinds": [9]}])
         assert await c.expect("EOSE") == ["EOSE", "c"]
+        # A REQ refused while parsing still replaces the open subscription of its id: "b" has ended (its
+        # CLOSED says so), and its slot is free again.
+        await c.send_json(["REQ", "b", {"search": "x"}])
+        assert await c.expect("CLOSED", where=naming("b")) == [
+            "CLOSED",
+            "b",
+            "invalid: unsupported filter key 'search'",
+        ]
+        await c.send_json(["REQ", "d", {"kinds": [9]}])
+        assert await c.expect("EOSE", where=naming("d")) == ["EOSE", "d"]
     assert stored_event_count() == 0
 
 
