@@ -22,6 +22,7 @@ from buzz.live import signals
 from buzz.models import Community
 from buzz.nostr import Event, ProtocolError
 from buzz.orm import orm_call
+from buzz.runtime import fetch_all
 
 KIND_PUT_USER = 9000
 KIND_REMOVE_USER = 9001
@@ -100,9 +101,25 @@ async def group_event(actor: Actor, event: Event) -> WriteResult:
     return result
 
 
+# This very event, stored: a group event the relay accepted is stored in its channel with its own id.
+_ACCEPTED_BEFORE = "SELECT EXISTS (SELECT 1 FROM buzz_storedevent WHERE id = %s AND community_id = %s)"
+
+
+async def _accepted_before(actor: Actor, event: Event) -> bool:
+    rows = await fetch_all(_ACCEPTED_BEFORE, (event.id, actor.community.id))
+    return bool(rows and rows[0][0])
+
+
 async def _apply_group_event(actor: Actor, event: Event) -> tuple[WriteResult, bool]:
     """The answer, and whether the stored event goes to the channel's live subscribers (a 9005 whose target
-    withholds it does not: buzz.chat.removals)."""
+    withholds it does not: buzz.chat.removals).
+
+    An event accepted before (a client resending it after a lost OK) is answered duplicate and not applied
+    again, before any other check, as a message is: applied again, an old 9001 would remove a member added
+    since, an old 9000 undo a later role change. A 9005 resent meets its stored request in
+    buzz.chat.removals, which answers it."""
+    if event.kind != KIND_DELETE_EVENT and await _accepted_before(actor, event):
+        return WriteResult.accepted("duplicate: already have this event"), False
     # Deleting a message is a message write; membership and metadata changes need channels:write.
     scope = SCOPE_WRITE if event.kind == KIND_DELETE_EVENT else SCOPE_CHANNELS_WRITE
     channel, decision = await check_manage(actor, event, scope=scope, creating=event.kind == KIND_CREATE_GROUP)

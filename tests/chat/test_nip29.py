@@ -506,6 +506,25 @@ async def test_ws_a_members_9000_naming_an_admin_changes_nothing(crew: Crew, rel
         assert roles[c.admin.pubkey] == "admin"
 
 
+async def test_ws_a_group_event_sent_again_is_a_duplicate_and_not_applied_again(crew: Crew, relay_factory: Any) -> None:
+    """A client that lost an OK sends the same event again: answered duplicate, as a message is, and not
+    applied again (an old 9001 would remove the member added back since)."""
+    c = crew
+    relay = relay_factory()
+    ch, new = str(c.open), uuid.uuid4()
+    async with connect(relay) as owner:
+        assert (await owner.auth(c.owner))[2] is True
+        create = signed(c.owner, 9007, [["h", str(new)], ["name", "Twice"]])
+        await accepted(owner, create)
+        assert (await publish(owner, create))[2:] == [True, "duplicate: already have this event"]
+        remove = signed(c.owner, 9001, [["h", ch], ["p", c.member.pubkey]])
+        await accepted(owner, remove)
+        await accepted(owner, signed(c.owner, 9000, [["h", ch], ["p", c.member.pubkey]]))
+        assert (await publish(owner, remove))[2:] == [True, "duplicate: already have this event"]
+        latest = await membership(c.open, c.member.pubkey)
+        assert latest is not None and latest.removed_at is None  # still a member
+
+
 async def test_ws_9021_join_and_9022_leave(crew: Crew, relay_factory: Any) -> None:
     c = crew
     relay = relay_factory()
