@@ -37,6 +37,7 @@ from .incremental import (
     Store,
     StoreMismatch,
 )
+from .revisions import json_text
 from .sync import Change, Restarting, Sync, Synced
 
 EXIT_ERROR = 1
@@ -64,6 +65,16 @@ def _channel(value: str) -> str:
     if not _UUID.fullmatch(value) or value == "00000000-0000-0000-0000-000000000000":
         raise argparse.ArgumentTypeError(f"{value!r} is not a channel id (a lowercase hyphenated non-nil UUID)")
     return value
+
+
+def _attempts(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of attempts (a whole number, at least 1)")
+    return n
 
 
 def _type(value: str) -> str:
@@ -328,7 +339,8 @@ async def cmd_ensure(args: argparse.Namespace, out: TextIO) -> int:
             type=args.type,
             key=args.key,
             title=args.title,
-            content=content,
+            # As JSON text, whatever the value: a JSON string is sent as JSON ("\"hello\""), not as its text.
+            content=json_text(content),
             tags=[list(t) for t in args.tag or ()],
             on_differs="report" if args.report_conflict else "update",
             attempts=args.attempts,
@@ -424,7 +436,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--key-file", required=True, metavar="FILE", help="file holding a hex secret key")
 
     def attempts_arg(p: argparse.ArgumentParser, text: str) -> None:
-        p.add_argument("--attempts", type=int, default=5, metavar="N", help=text)
+        p.add_argument("--attempts", type=_attempts, default=5, metavar="N", help=text)
 
     def match_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--type", action="append", type=_type, metavar="T", help="only this type; repeat to OR types")
@@ -533,7 +545,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report a head with other content as a conflict instead of updating it",
     )
-    p.add_argument("--attempts", type=int, default=5, metavar="N", help="head reads before giving up (default 5)")
+    p.add_argument("--attempts", type=_attempts, default=5, metavar="N", help="head reads before giving up (default 5)")
 
     p = commands.add_parser(
         "head",

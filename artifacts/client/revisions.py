@@ -51,11 +51,16 @@ def client_tags(event: Event) -> list[list[str]]:
     return [list(t) for t in event.tags if t[0] not in ENVELOPE_TAGS and t[0] != AUTH_TAG]
 
 
+def json_text(value: Any) -> str:
+    """A JSON value as compact JSON text, keys sorted."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
 def content_text(content: str | Any) -> str:
     """Content as sent: a str as it is, anything else as compact JSON."""
     if isinstance(content, str):
         return content
-    return json.dumps(content, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return json_text(content)
 
 
 def revision(

@@ -104,6 +104,34 @@ async def test_errors_are_one_line(tmp_path: Path) -> None:
             "error: conformance takes --key-file A --key-file B",
         ),
         (["frobnicate"], 2, "error: argument COMMAND: invalid choice: 'frobnicate'"),
+        (
+            [
+                "ensure",
+                "--relay",
+                "ws://127.0.0.1:9/",
+                "--key-file",
+                str(key),
+                "--channel",
+                H,
+                "--type",
+                "buzz.x",
+                "--key",
+                "k",
+                "--title",
+                "t",
+                "--content",
+                "{}",
+                "--attempts",
+                "0",
+            ],
+            2,
+            "error: argument --attempts: '0' is not a number of attempts",
+        ),
+        (
+            ["sync", "--relay", "ws://127.0.0.1:9/", "--key-file", str(key), "--channel", H, "--attempts", "x"],
+            2,
+            "error: argument --attempts: 'x' is not a number of attempts",
+        ),
     ]
     results = await asyncio.gather(*(cli(*args) for args, _, _ in cases))
     for (args, code, start), (got_code, out, err) in zip(cases, results, strict=True):
@@ -179,6 +207,12 @@ async def test_ensure_and_head_against_a_relay(relay_factory: Any, tmp_path: Pat
     event = json.loads(out)
     # The update sets "a" and keeps what it does not set: the field "b" and the tag scope=ui.
     assert (event["id"], event["content"], ["scope", "ui"] in event["tags"]) == (new_head, '{"a":2,"b":1}', True)
+    # --content is a JSON value, sent as JSON: a JSON string is sent as one, quotes and all.
+    motto = ["--channel", world.channel, "--type", "buzz.config", "--key", "motto", "--title", "Motto"]
+    code, out, err = await cli("ensure", *common, *motto, "--content", '"hello"')
+    assert (code, err) == (0, "") and out.startswith("created "), (out, err)
+    code, out, _ = await cli("head", *common, "--d", derive_d(world.channel, "buzz.config", "motto"), "--json")
+    assert json.loads(out)["content"] == '"hello"'
     missing = derive_d(world.channel, "buzz.config", "nothing")
     code, out, err = await cli("head", *common, "--d", d, "--d", missing)
     assert code == 1 and out.startswith(f"{d} {new_head} ")
