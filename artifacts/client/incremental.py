@@ -49,7 +49,7 @@ from .events import Event, EventError, Keys
 from .filters import CurrentFilter
 from .httpapi import DEFAULT_TIMEOUT, HttpError, RelayUrl, information, post_json
 from .revisions import KIND_ARTIFACT, KIND_REMOVAL
-from .sync import Backoff
+from .sync import RETRY_PREFIXES, Backoff
 
 VERSION: Final = 1
 STORE_FORMAT: Final = "nip-ar-incremental-store-1"
@@ -58,6 +58,20 @@ MAX_ID_BYTES: Final = 256
 
 class IncrementalUnsupported(RelayError):
     """The relay's NIP-11 document does not advertise NIP-AR incremental reads."""
+
+
+class FollowRefused(RelayError):
+    """The relay refused the live subscription for good (restricted:, invalid:, blocked:, auth-required:):
+    `Puller.follow` ends, as a retry would be refused again."""
+
+
+def _closed(payload: object) -> RelayError:
+    """The error for a CLOSED of the live subscription: a lost connection to start over from when a retry
+    can mend it (resync:, error:, rate-limited:), else a refusal."""
+    reason = str(payload)
+    if reason.partition(":")[0].strip() in RETRY_PREFIXES:
+        return ConnectionLost(f"the relay closed the live subscription: {reason}")
+    return FollowRefused(reason or "error: CLOSED without a reason")
 
 
 class IncrementalRefused(RelayError):
@@ -566,7 +580,8 @@ class Puller:
         spec's "live revision pushes request a current-ID read; they do not replace confirmed rows
         directly". After a lost connection or a failed read it waits (the sync's backoff) and starts over
         with a pull, which brings what the pushes missed. A refusal that a retry can't mend
-        (IncrementalRefused other than 503, a protocol violation, a refused AUTH) ends it."""
+        (IncrementalRefused other than 503, a protocol violation, a refused AUTH, FollowRefused: a CLOSED of
+        the live subscription that is not resync:, error: or rate-limited:) ends it."""
         delays = backoff or Backoff(random=self._rng)
         failures = 0
         while True:
@@ -603,7 +618,7 @@ class Puller:
             if verb == "EOSE":
                 return
             if verb == "CLOSED":
-                raise ConnectionLost(f"the relay closed the live subscription: {payload}")
+                raise _closed(payload)
 
     @staticmethod
     async def _pushed(sub: Subscription) -> list[str]:
@@ -613,7 +628,7 @@ class Puller:
         while not ds or not sub.queue.empty():
             verb, payload = await sub.next()
             if verb == "CLOSED":
-                raise ConnectionLost(f"the relay closed the live subscription: {payload}")
+                raise _closed(payload)
             d = _pushed_d(payload) if verb == "EVENT" else None
             if d is not None and d not in ds:
                 ds.append(d)

@@ -20,6 +20,7 @@ from artifacts.client import (
     Confirmed,
     CurrentFilter,
     Event,
+    FollowRefused,
     HttpError,
     IncrementalProtocolError,
     IncrementalRefused,
@@ -527,6 +528,37 @@ async def test_follow_starts_over_when_the_live_subscription_gets_no_eose(store:
         finally:
             await updates.aclose()
     assert store.checkpoint is None  # nothing was pulled
+
+
+@pytest.mark.parametrize(
+    ("reason", "refused"),
+    [("restricted: not a member of that channel", True), ("invalid: bad filter", True), ("error: busy", False)],
+)
+async def test_follow_ends_on_a_refusal_of_its_live_subscription_and_retries_the_rest(
+    store: Store, reason: str, refused: bool
+) -> None:
+    """A CLOSED that a retry would meet again ends follow with FollowRefused, not reconnects forever; a
+    transient one (error:, resync:, rate-limited:) is a reconnect."""
+
+    async def relay_script(conn: FakeConnection) -> None:
+        await conn.auth()
+        sub, _ = await conn.req()
+        await conn.send("CLOSED", sub, reason)
+        await conn.hold()
+
+    async with FakeRelay(relay_script, nip11={"artifacts": {}}) as relay:
+        client = Puller(RelayUrl.parse(relay.url), KEYS, QUERY, store, post=Script([]), capability=CAP, sleep=Sleeps())
+        updates = client.follow()
+        try:
+            if refused:
+                with pytest.raises(FollowRefused) as info:
+                    await asyncio.wait_for(anext(updates), 10)
+                assert info.value.reason == reason
+            else:
+                lost = await asyncio.wait_for(anext(updates), 10)
+                assert isinstance(lost, Reconnecting) and lost.reason.endswith(reason)
+        finally:
+            await updates.aclose()
 
 
 def test_the_pull_command_says_when_it_went_on_with_a_saved_pass() -> None:
