@@ -45,6 +45,8 @@ async def test_help_on_each_command_and_no_secret_options() -> None:
 async def test_errors_are_one_line(tmp_path: Path) -> None:
     key = write_key(tmp_path / "k", Keys.generate())
     (tmp_path / "bad").write_text("not a key\n")
+    ensure = ["ensure", "--relay", "ws://127.0.0.1:9/", "--key-file", str(key), "--channel", H, "--type", "buzz.x"]
+    ensure += ["--key", "k", "--title", "t"]
     cases = [
         (
             ["head", "--relay", "http://x/", "--key-file", str(key), "--d", H],
@@ -67,23 +69,7 @@ async def test_errors_are_one_line(tmp_path: Path) -> None:
             "error: could not reach http://127.0.0.1:9/: ",  # the NIP-11 read, before any head read
         ),
         (
-            [
-                "ensure",
-                "--relay",
-                "ws://127.0.0.1:9/",
-                "--key-file",
-                str(key),
-                "--channel",
-                H,
-                "--type",
-                "buzz.x",
-                "--key",
-                "k",
-                "--title",
-                "t",
-                "--content",
-                "{oops",
-            ],
+            [*ensure, "--content", "{oops"],
             1,
             "error: --content is not JSON",
         ),
@@ -105,25 +91,7 @@ async def test_errors_are_one_line(tmp_path: Path) -> None:
         ),
         (["frobnicate"], 2, "error: argument COMMAND: invalid choice: 'frobnicate'"),
         (
-            [
-                "ensure",
-                "--relay",
-                "ws://127.0.0.1:9/",
-                "--key-file",
-                str(key),
-                "--channel",
-                H,
-                "--type",
-                "buzz.x",
-                "--key",
-                "k",
-                "--title",
-                "t",
-                "--content",
-                "{}",
-                "--attempts",
-                "0",
-            ],
+            [*ensure, "--content", "{}", "--attempts", "0"],
             2,
             "error: argument --attempts: '0' is not a number of attempts",
         ),
