@@ -142,6 +142,8 @@ def test_channel_create_members_archive_delete_and_list(host: str) -> None:
     row = Channel.objects.get(uuid=ch)
     assert run("channel", "add-member", "--host", host, ch, member, "--role", "admin") == f"{member} is admin of {ch}\n"
     assert Membership.objects.get(channel=row, pubkey=member, removed_at__isnull=True).role == "admin"
+    # Without --role an existing member keeps their role (as a kind-9000 naming no role does).
+    assert run("channel", "add-member", "--host", host, ch, member) == f"{member} is admin of {ch}\n"
     assert run("channel", "remove-member", "--host", host, ch, member) == f"removed {member} from {ch}\n"
     assert Membership.objects.get(channel=row, pubkey=member).removed_at is not None
     assert run("channel", "archive", "--host", host, ch) == f"archived {ch}\n"

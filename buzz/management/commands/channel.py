@@ -46,7 +46,12 @@ class Command(BaseCommand):
         addm = add("add-member", "Add a member to a channel, or change its role.")
         addm.add_argument("channel_id")
         addm.add_argument("pubkey")
-        addm.add_argument("--role", choices=ChannelRole.values, default=ChannelRole.MEMBER)
+        addm.add_argument(
+            "--role",
+            choices=ChannelRole.values,
+            default=None,
+            help="the member's role (default: member for a new member; an existing member keeps theirs)",
+        )
 
         rm = add("remove-member", "Remove a member (the membership row is kept with its removal time).")
         rm.add_argument("channel_id")
