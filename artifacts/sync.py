@@ -605,7 +605,7 @@ class SyncSubscription:
         return text if isinstance(text, str) else None
 
     async def _can_read(self, channel: uuid.UUID) -> bool:
-        return (await check_read(self._actor(), channel)).ok
+        return await self._readable_at(channel) is not None
 
     async def _readable_at(self, channel: uuid.UUID) -> int | None:
         """The channel's effective access epoch (ChannelAccess.epoch, the sum of a Head's `access`) when the
