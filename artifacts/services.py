@@ -435,7 +435,12 @@ async def _edit(
         result = await _edit_once(conn, actor, event, env, owner)
         if result is not None:
             return result
-    return WriteResult.rejected(HEAD_CHANGED), []
+    # Every compare-and-set lost: the answer is the one the edit gets on the state as it now is (a change of
+    # access that committed after the last read is answered with its reason), read once more without writing.
+    # Only when that state would accept the edit again is the answer to fetch the head and retry.
+    rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
+    judged = _judge_edit(actor, env, rows)
+    return (judged if isinstance(judged, WriteResult) else WriteResult.rejected(HEAD_CHANGED)), []
 
 
 def read_params(actor: Actor, event: Event, env: Envelope, owner: str | None) -> dict[str, Any]:

@@ -97,3 +97,46 @@ async def test_access_that_changes_after_the_read_is_obeyed(
     assert (result.ok, result.message) == (False, answer)
     head = await sync_to_async(lambda: Artifact.objects.get(community=community, d=d).head_id)()
     assert head == create["id"]
+
+
+async def test_an_access_change_after_every_pass_is_answered_with_its_reason(
+    world: tuple[Community, Signer, Signer, uuid.UUID, uuid.UUID], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass of a delete loses its compare-and-set to an access change that committed after its read: the
+    home is archived after the first read and unarchived before the second, then the sender is removed from the
+    private home after the second read. The answer is the removal's (what a missing d gets), not "head changed",
+    and nothing is written."""
+    community, _, bob, home, there = world
+    actor = actor_of(community, bob)
+    d = uuid.uuid4()
+    create = revision(bob, d=d, h=home)
+    async with Harness.open():
+        _, result = await ingest(actor, create)
+        assert result.ok, result
+        judge, read_params = services._judge_edit, services.read_params
+        steps: list[str] = []
+
+        def read_after_unarchive(*args: Any, **kwargs: Any) -> Any:
+            if steps == ["archived"]:
+                _commit("UPDATE buzz_channel SET archived_at = NULL WHERE uuid = %s", home)
+                steps.append("unarchived")
+            return read_params(*args, **kwargs)
+
+        def judged_then_changed(*args: Any) -> Any:
+            verdict = judge(*args)
+            if not isinstance(verdict, services.WriteResult):
+                if not steps:
+                    CHANGES["home archived"][0](home, there, bob.pubkey)
+                    steps.append("archived")
+                elif steps == ["archived", "unarchived"]:
+                    CHANGES["sender removed from the private home"][0](home, there, bob.pubkey)
+                    steps.append("removed")
+            return verdict
+
+        monkeypatch.setattr(services, "_judge_edit", judged_then_changed)
+        monkeypatch.setattr(services, "read_params", read_after_unarchive)
+        _, result = await ingest(actor, revision(bob, d=d, h=home, op="delete", prev=create["id"]))
+    assert steps == ["archived", "unarchived", "removed"]
+    assert (result.ok, result.message) == (False, services.HEAD_UNAVAILABLE)
+    head = await sync_to_async(lambda: Artifact.objects.get(community=community, d=d).head_id)()
+    assert head == create["id"]
