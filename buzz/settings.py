@@ -229,7 +229,7 @@ AXES_RESET_ON_SUCCESS = True
 CSRF_TRUSTED_ORIGINS: list[str] = [o for o in env.list("CSRF_TRUSTED_ORIGINS", default=[]) if o]
 for _origin in CSRF_TRUSTED_ORIGINS:
     if not (_origin.startswith("https://") or (DEV_MODE and _origin.startswith("http://"))):
-        raise ImproperlyConfigured(
+        raise _config_error(
             f"CSRF_TRUSTED_ORIGINS: {_origin!r} must start with https://"
             + ("" if DEV_MODE else " outside dev mode")
             + " (e.g. https://relay.example.com)"
@@ -239,7 +239,7 @@ if _proxy_ssl_header:
     _name, _sep, _value = _proxy_ssl_header.partition(":")
     _name, _value = _name.strip(), _value.strip()
     if not _sep or not _name or not _value or not all(c.isalnum() or c in "-_" for c in _name):
-        raise ImproperlyConfigured(
+        raise _config_error(
             f"SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https', not {_proxy_ssl_header!r}"
         )
     _meta = _name.upper().replace("-", "_")

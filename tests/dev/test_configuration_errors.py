@@ -59,6 +59,15 @@ SECRET = secrets.token_urlsafe(50)
         # 0 is PostgreSQL's "no statement timeout": a budget of 0 would be none at all.
         ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_READ_STATEMENT_BUDGET_MS": "0"}, "BUZZ_READ_STATEMENT_BUDGET_MS must"),
         ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_QUERY_BUDGET_MS": "-5"}, "BUZZ_QUERY_BUDGET_MS must be at least 1"),
+        # The two variables a TLS-terminating proxy needs (docs/operations.md), outside dev mode.
+        (
+            {**UNREACHABLE, "SECRET_KEY": SECRET, "ALLOWED_HOSTS": "x", "CSRF_TRUSTED_ORIGINS": "http://x.example"},
+            "CSRF_TRUSTED_ORIGINS: 'http://x.example' must start with https://",
+        ),
+        (
+            {**UNREACHABLE, "SECRET_KEY": SECRET, "ALLOWED_HOSTS": "x", "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto"},
+            "SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https'",
+        ),
     ],
 )
 def test_a_malformed_or_missing_setting_is_one_line(env: dict[str, str], expected: str) -> None:
