@@ -26,7 +26,8 @@ class Limits:
     outbound_max_bytes: int
 
     def nip11(self) -> dict[str, object]:
-        """The NIP-11 `limitation` object: every limit a client can run into."""
+        """The NIP-11 `limitation` object: every limit a client can run into that NIP-11 has a field for (the
+        authentication windows and the outbound queue bounds have none; the README lists them)."""
         return {
             "max_message_length": self.max_message_length,
             "max_subscriptions": self.max_subscriptions,
