@@ -95,8 +95,12 @@ WITH facts AS (
   SELECT %(community)s, p, ins.id, %(channel)s, %(kind)s, now() FROM ins, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
 ), ttl AS (
+  -- Never once archived: a write whose check ran before a concurrent archive (the TTL reaper's) waits for
+  -- its row lock and then sees archived_at set. A deadline pushed past the archive would make the reaper
+  -- take the channel for one archived by hand, and never delete it.
   UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE id = (SELECT channel_pk FROM allowed) AND ttl_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM ins)
+  WHERE id = (SELECT channel_pk FROM allowed) AND ttl_seconds IS NOT NULL AND archived_at IS NULL
+    AND EXISTS (SELECT 1 FROM ins)
 )
 SELECT f.*, (SELECT count(*) FROM ins), (SELECT min(kind) FROM bad_root) FROM facts f
 """)  # noqa: S608 - composed from code, values are placeholders

@@ -4,6 +4,7 @@ that went quiet. A refused write moves nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from typing import Any
@@ -119,3 +120,45 @@ async def test_a_ttl_of_zero_makes_a_permanent_channel_and_a_bad_ttl_makes_none(
     assert await sync_to_async(_channel_ttl, thread_sensitive=False)(permanent) == [(None, None, None)]
     await sync_to_async(_reap, thread_sensitive=False)()
     assert await sync_to_async(_channel_ttl, thread_sensitive=False)(permanent) == [(None, None, None)]
+
+
+async def test_a_write_racing_the_reapers_archive_leaves_the_deadline(world: World, relay_factory: Any) -> None:
+    """A write whose check ran before the reaper archived the channel is accepted (it came first), but the
+    deadline it would push waits for the archive's row lock and then stays where it was: the reaper still
+    sees a channel it archived itself, and deletes it a TTL later. Kind 9, a create and an update alike."""
+    import psycopg
+
+    from tests.support.relay import relay_database_url
+
+    relay = relay_factory(**RELAY_ENV)
+    ch = str(world.ch)
+    async with logged_in(relay, world.author, host=HOST) as a:
+        d = str(uuid.uuid4())
+        create = revision(world.author, d=d, h=ch)
+        update = revision(world.author, d=d, h=ch, op="update", prev=create["id"], title="again")
+        for name, event in (("kind 9", message(world.author, world.ch)), ("create", create), ("update", update)):
+            past = timezone.now() - dt.timedelta(hours=1)
+            await sync_to_async(_set_deadline, thread_sensitive=False)(world.ch, past)
+            async with await psycopg.AsyncConnection.connect(relay_database_url()) as reaper:
+                await reaper.execute("UPDATE buzz_channel SET archived_at = now() WHERE uuid = %s", [world.ch])
+                pid = reaper.info.backend_pid
+                sent = asyncio.ensure_future(publish(a, event))
+                async with await psycopg.AsyncConnection.connect(relay_database_url(), autocommit=True) as probe:
+                    waiting = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+                    for _ in range(200):  # until the write waits for the archive's row lock
+                        row = await (await probe.execute(waiting, [pid])).fetchone()
+                        if row and row[0]:
+                            break
+                        await asyncio.sleep(0.05)
+                    else:
+                        raise AssertionError(f"{name}: the write never waited for the archive")
+                await reaper.commit()
+            ok = await sent
+            assert ok[2] is True, (name, ok)
+            assert await sync_to_async(_deadline, thread_sensitive=False)(world.ch) == past, name
+            await sync_to_async(_unarchive, thread_sensitive=False)(world.ch)
+
+
+def _unarchive(channel: uuid.UUID) -> None:
+    with connection.cursor() as cur:
+        cur.execute("UPDATE buzz_channel SET archived_at = NULL WHERE uuid = %s", [channel])
