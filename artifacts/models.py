@@ -148,6 +148,10 @@ class CurrentTag(GuardedModel):
 
     objects = CurrentTagQuerySet.as_manager()
 
+    def delete(self, using: object = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        # One row gone takes the artifact out of every current query on that tag, and no sync would hear of it.
+        raise _refuse_delete("a current tag")
+
     # Matched through an index on (name, md5(value)) made in migration 0002: a value may be longer than a
     # btree entry allows, and predicates are exact matches only.
 

@@ -137,8 +137,13 @@ class StoredEventQuerySet(GuardedQuerySet["StoredEvent"]):
 
 
 class ChannelQuerySet(GuardedQuerySet["Channel"]):
-    # Deletion and archival go through buzz.chat.channels (or moderation.services), which resync.
-    guarded = frozenset({"deleted_at", "archived_at", "visibility", "community", "uuid"})
+    # Deletion and archival go through buzz.chat.channels (or moderation.services), which resync. The type (a
+    # DM is read by its members only), `listed` (an unlisted open channel is read by its members and by
+    # readers who name it) and the TTL (which puts it under the reaper) change who reads it, or for how long,
+    # as visibility does: only buzz.chat.channels changes them, and it signals the change.
+    guarded = frozenset(
+        {"deleted_at", "archived_at", "visibility", "type", "listed", "ttl_seconds", "community", "uuid"}
+    )
 
 
 class MembershipQuerySet(GuardedQuerySet["Membership"]):

@@ -85,6 +85,9 @@ def test_stored_copies_current_tags_and_an_artifacts_type_are_guarded_too(channe
         (StoredEvent.objects.all(), "raw", "{}"),
         (CurrentTag.objects.all(), "value", "x"),
         (Artifact.objects.all(), "type", "buzz.other"),
+        (Channel.objects.all(), "type", "dm"),
+        (Channel.objects.all(), "listed", False),
+        (Channel.objects.all(), "ttl_seconds", 60),
     ):
         with pytest.raises(GuardedChange):
             qs.update(**{field: value})
@@ -138,6 +141,9 @@ def test_saving_an_instance_that_retires_a_head_or_changes_access_is_refused(wri
         (channel, "deleted_at", timezone.now()),
         (channel, "archived_at", timezone.now()),
         (channel, "visibility", "open"),
+        (channel, "type", "dm"),
+        (channel, "listed", False),
+        (channel, "ttl_seconds", 60),
         (membership, "removed_at", timezone.now()),
         (membership, "role", "owner"),
     ):
@@ -158,6 +164,10 @@ def test_saving_an_instance_that_retires_a_head_or_changes_access_is_refused(wri
     with pytest.raises(GuardedChange):
         stored.delete()
     assert StoredEvent.objects.filter(pk=stored.pk).exists()
+    # One current tag deleted would take the artifact out of every query on it, with no sync told.
+    with pytest.raises(GuardedChange):
+        tag.delete()
+    assert CurrentTag.objects.filter(pk=tag.pk).exists()
 
 
 def test_saving_an_instance_without_a_guarded_change_still_works(written: tuple[Channel, str]) -> None:
