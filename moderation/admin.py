@@ -586,7 +586,10 @@ class RevisionAdmin(ReadOnly, admin.ModelAdmin[Revision]):
             withheld += len(plan.withheld)
             retired += len(plan.retiring)
             syncs += plan.open_syncs
-        return f"Redacted {withheld} revision(s); {retired} artifact(s) retired; {syncs} open sync(s) resynced."
+        return (
+            f"Redacted {withheld} revision(s); {retired} artifact(s) retired; {syncs} open sync(s) over their"
+            " channels (each one holding a retired artifact gets a resync)."
+        )
 
     @admin.display(description="revision", ordering="id")
     def short_id(self, rev: Revision) -> SafeString:

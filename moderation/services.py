@@ -212,7 +212,9 @@ def redact(community: Community, revision_ids: Sequence[str], *, actor: str, rea
                 community=community, head_id__in=[t.id for t in targets], retired=True
             ).values_list("d", flat=True)
         )
-        plan = replace(plan, retiring=tuple(retired))
+        # And the syncs concerned are those over the channels of what retired: none when nothing did.
+        retired_in = {t.channel for t in targets if t.retires is not None and t.retires in retired}
+        plan = replace(plan, retiring=tuple(retired), open_syncs=estimate_open_syncs(community.pk, retired_in))
         _audit(
             community,
             who=actor,
