@@ -158,3 +158,67 @@ def test_reap_ttl_leaves_an_unarchived_channel_and_an_operators_archive_alone(wo
     assert reap() == "0 archived, 0 deleted"
     kept = Channel.objects.get(uuid=world.other)
     assert kept.deleted_at is None and kept.archived_at is not None
+
+
+def _command(*args: str) -> tuple[str, str | None]:
+    """`manage.py moderation ARGS`: (its output, the CommandError's text or None)."""
+    from django.core.management.base import CommandError
+
+    out = io.StringIO()
+    try:
+        call_command("moderation", *args, stdout=out)
+    except CommandError as err:
+        return out.getvalue(), str(err)
+    return out.getvalue(), None
+
+
+async def test_the_moderation_command_previews_then_redacts_and_resets_with_resync(
+    world: World, relay_factory: Any
+) -> None:
+    """`manage.py moderation redact` and `reset-policy` do what the admin actions do, as the actor `command`:
+    without --yes they only say what would happen (nothing changes) and print the command that does it."""
+    relay = relay_factory(**RELAY_ENV)
+    ch = str(world.ch)
+    async with logged_in(relay, world.author, host=HOST) as a, logged_in(relay, world.member, host=HOST) as m:
+        d = str(uuid.uuid4())
+        head = revision(world.author, d=d, h=ch)
+        await accept(a, head)
+        state = await open_sync(m, "s", {"artifact": "current", "#h": [ch]})
+        assert state.eose and d in state.heads
+        await open_syncs_counted(world.community, [world.ch], 1)
+        out, refused = await _thread(
+            lambda: _command("redact", "--host", HOST, "--reason", "spam", head["id"], "ab" * 32)
+        )
+        assert refused is not None and refused.startswith("nothing redacted; to redact, run:")
+        assert "--yes" in refused and head["id"] in refused
+        assert f"  {head['id']}" in out and f"  d {d}" in out and "  " + "ab" * 32 in out and "1 open sync " in out
+        assert await view(relay, world, world.member, {"artifact": "current", "#h": [ch]}) != []  # nothing changed
+        out, refused = await _thread(
+            lambda: _command("redact", "--host", HOST, "--reason", "spam", "--yes", head["id"])
+        )
+        assert refused is None and out.startswith(f"redacted 1 event in {HOST}; 1 artifact retired;"), out
+        assert (await closed(m, "s")).startswith("resync:")
+        assert await view(relay, world, world.member, {"artifact": "current", "#h": [ch]}) == []
+        state = await open_sync(m, "t", {"artifact": "current", "#h": [ch]})
+        assert state.eose
+        await open_syncs_counted(world.community, [world.ch], 1)
+        stamp = await _thread(lambda: PolicyStamp.objects.filter(community=world.community).first())
+        before = stamp.stamp if stamp else 0
+        out, refused = await _thread(lambda: _command("reset-policy", "--host", HOST, "--reason", "rotate"))
+        assert refused is not None and refused.startswith("nothing reset; to reset it, run:"), refused
+        unchanged = await _thread(lambda: PolicyStamp.objects.filter(community=world.community).first())
+        assert (unchanged.stamp if unchanged else 0) == before
+        out, refused = await _thread(lambda: _command("reset-policy", "--host", HOST, "--reason", "rotate", "--yes"))
+        assert refused is None and "1 open sync resync" in out, out
+        assert (await closed(m, "t")).startswith("resync:")
+    assert await _thread(lambda: PolicyStamp.objects.get(community=world.community).stamp) == before + 1
+    records = await _thread(
+        lambda: list(AuditRecord.objects.filter(who=services.COMMAND).values_list("action", flat=True))
+    )
+    assert sorted(records) == sorted([AuditAction.REDACT, AuditAction.POLICY_RESET])
+    for bad in (
+        ["redact", "--host", HOST, "--reason", "x", "AB" * 32],
+        ["redact", "--host", HOST, "--reason", " ", "ab" * 32],
+    ):
+        _, refused = await _thread(lambda bad=bad: _command(*bad))
+        assert refused is not None and ("invalid event id" in refused or "--reason must say why" in refused), refused

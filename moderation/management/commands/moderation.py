@@ -1,0 +1,123 @@
+"""`manage.py moderation ...`: what the admin's moderation actions do, for an operator without a browser.
+
+`redact` withholds artifact revisions (or 45011 move removals) as a relay admin, and `reset-policy`
+advances a community's access-policy stamp. Each calls the moderation service the admin action calls
+(moderation.services.redact, reset_policy), with the actor `command`, so the same NIP-29 kind-9005 path,
+resyncs and audit records follow. Like the admin's confirmation page, a run without --yes only says what
+would happen and prints the command that does it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from buzz.management.commands._common import actions, community_arg, manage_command
+from buzz.models import Channel
+from moderation.services import COMMAND, ModerationError, estimate_open_syncs, preview_redact, redact, reset_policy
+
+_EVENT_ID = re.compile(r"^[0-9a-f]{64}\Z")
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+class Command(BaseCommand):
+    help = "Moderation without the admin: redact artifact revisions, reset a community's access policy."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        add = actions(parser)
+        red = add(
+            "redact",
+            "Withhold revisions (or 45011 move removals) everywhere, by their event ids; a current revision retires"
+            " its artifact, and the open syncs holding it get a resync. Without --yes, prints what would happen.",
+        )
+        red.add_argument("ids", nargs="+", metavar="ID", help="event id: 64 lowercase hex")
+        red.add_argument("--reason", required=True, help="recorded in the audit log and sent as the 9005's content")
+        red.add_argument("--yes", action="store_true", help="confirm: redact them")
+        reset = add(
+            "reset-policy",
+            "Advance the community's policy stamp (incremental-read checkpoints start over) and resync every open"
+            " sync. Without --yes, prints what would happen.",
+        )
+        reset.add_argument("--reason", required=True, help="recorded in the audit log")
+        reset.add_argument("--yes", action="store_true", help="confirm: reset it")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            getattr(self, "_" + opts["action"].replace("-", "_"))(opts)
+        except ModerationError as err:
+            raise CommandError(str(err)) from None
+        except DatabaseError as err:
+            raise CommandError(f"database error: {str(err).strip().splitlines()[0]}") from None
+
+    def _redact(self, opts: dict[str, Any]) -> None:
+        bad = [i for i in opts["ids"] if not _EVENT_ID.match(i)]
+        if bad:
+            raise CommandError(f"invalid event id {bad[0]!r}: expected 64 lowercase hex characters")
+        if not opts["reason"].strip():
+            raise CommandError("--reason must say why (it is recorded in the audit log)")
+        community = community_arg(opts["host"])
+        ids = list(dict.fromkeys(opts["ids"]))
+        if not opts["yes"]:
+            plan = preview_redact(community, ids)
+            withheld = _count(len(plan.withheld), "event", "events")
+            self.stdout.write(f"redacting in {community.host} would withhold {withheld}:")
+            for i in plan.withheld:
+                self.stdout.write(f"  {i}")
+            self.stdout.write(f"and retire {_count(len(plan.retiring), 'artifact', 'artifacts')}:")
+            for d in plan.retiring:
+                self.stdout.write(f"  d {d}")
+            self._unknown(plan.unknown)
+            self.stdout.write(
+                f"{_count(plan.open_syncs, 'open sync', 'open syncs')} over their channels"
+                " (each one holding a retiring artifact gets a resync)"
+            )
+            confirm = manage_command("moderation", "redact", "--host", community.host, "--reason", opts["reason"],
+                                     "--yes", *ids)  # fmt: skip
+            raise CommandError(f"nothing redacted; to redact, run:\n  {confirm}")
+        done = redact(community, ids, actor=COMMAND, reason=opts["reason"])
+        self.stdout.write(
+            f"redacted {_count(len(done.withheld), 'event', 'events')} in {community.host};"
+            f" {_count(len(done.retiring), 'artifact', 'artifacts')} retired;"
+            f" {_count(done.open_syncs, 'open sync', 'open syncs')} over their channels"
+        )
+        for d in done.retiring:
+            self.stdout.write(f"  retired d {d}")
+        self._unknown(done.unknown)
+
+    def _unknown(self, unknown: tuple[str, ...]) -> None:
+        if unknown:
+            self.stdout.write(
+                f"left out {_count(len(unknown), 'id', 'ids')}: no revision or move removal of this community,"
+                " already withheld, or in a deleted channel:"
+            )
+            for i in unknown:
+                self.stdout.write(f"  {i}")
+
+    def _reset_policy(self, opts: dict[str, Any]) -> None:
+        if not opts["reason"].strip():
+            raise CommandError("--reason must say why (it is recorded in the audit log)")
+        community = community_arg(opts["host"])
+        if not opts["yes"]:
+            channels = list(
+                Channel.objects.filter(community=community, deleted_at__isnull=True).values_list("uuid", flat=True)
+            )
+            self.stdout.write(
+                f"resetting the access policy of {community.host} would refuse every incremental-read checkpoint"
+                f" (409 incremental_reset) and resync"
+                f" {_count(estimate_open_syncs(community.pk, channels), 'open sync', 'open syncs')}"
+                f" over its {_count(len(channels), 'channel', 'channels')}"
+            )
+            confirm = manage_command("moderation", "reset-policy", "--host", community.host, "--reason",
+                                     opts["reason"], "--yes")  # fmt: skip
+            raise CommandError(f"nothing reset; to reset it, run:\n  {confirm}")
+        done = reset_policy(community, actor=COMMAND, reason=opts["reason"])
+        self.stdout.write(
+            f"reset the access policy of {community.host}: {done.detail};"
+            f" {_count(done.open_syncs, 'open sync', 'open syncs')} resync"
+        )
