@@ -198,9 +198,9 @@ WITH facts AS (
   SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM art, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
 ), ttl AS (
-  -- A write into a TTL channel pushes its deadline forward, as kind 9 does, never once archived
-  -- (buzz.chat.messages). By the primary key the facts found: a generic plan may search (community, uuid) through the
-  -- community's index and read every channel (tests/chat/test_hot_plans.py).
+  -- A write into a TTL channel pushes its deadline forward, as kind 9 does, and never once it is archived
+  -- (buzz.chat.messages says why). By the primary key the facts found: a generic plan may search
+  -- (community, uuid) through the community's index and read every channel (tests/chat/test_hot_plans.py).
   UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
   WHERE id = (SELECT f.channel_pk FROM facts f) AND ttl_seconds IS NOT NULL AND archived_at IS NULL
     AND EXISTS (SELECT 1 FROM art)
@@ -250,8 +250,8 @@ def _head_change_ctes(*, artifact: str, allowed: str, mentions: str, channel_pk:
   WHERE {mentions}
   ON CONFLICT DO NOTHING
 ), ttl AS (
-  -- A write into a TTL channel pushes its deadline forward, as kind 9 does (buzz.chat.messages).
-  -- By the primary key of h that the policy's facts found (see _CREATE).
+  -- A write into a TTL channel pushes its deadline forward, as kind 9 does, and never once it is archived
+  -- (buzz.chat.messages). By the primary key of h that the policy's facts found (see _CREATE).
   UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
   WHERE id = {channel_pk} AND ttl_seconds IS NOT NULL AND archived_at IS NULL AND EXISTS (SELECT 1 FROM head)
 ),
