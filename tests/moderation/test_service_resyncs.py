@@ -216,6 +216,9 @@ async def test_the_moderation_command_previews_then_redacts_and_resets_with_resy
         lambda: list(AuditRecord.objects.filter(who=services.COMMAND).values_list("action", flat=True))
     )
     assert sorted(records) == sorted([AuditAction.REDACT, AuditAction.POLICY_RESET])
+    # Nothing the community can redact: said so, and no command to confirm.
+    out, refused = await _thread(lambda: _command("redact", "--host", HOST, "--reason", "x", "cd" * 32))
+    assert refused == "nothing to redact" and "  " + "cd" * 32 in out, (out, refused)
     for bad in (
         ["redact", "--host", HOST, "--reason", "x", "AB" * 32],
         ["redact", "--host", HOST, "--reason", " ", "ab" * 32],

@@ -65,6 +65,9 @@ class Command(BaseCommand):
         ids = list(dict.fromkeys(opts["ids"]))
         if not opts["yes"]:
             plan = preview_redact(community, ids)
+            if not plan.withheld:
+                self._unknown(plan.unknown)
+                raise CommandError("nothing to redact")
             withheld = _count(len(plan.withheld), "event", "events")
             self.stdout.write(f"redacting in {community.host} would withhold {withheld}:")
             for i in plan.withheld:
