@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import http.client
 import json
 import secrets
 import urllib.error
@@ -80,16 +81,29 @@ class _Answer:
     headers: dict[str, str]  # names lowercased
 
 
+def _answer(url: str, status: int, resp: Any) -> _Answer:
+    """The answer, read whole: a body cut short (the connection closed before the Content-Length it announced,
+    or a chunked body that ended early) is no answer (HttpError 0, retried as an unreachable relay), never a
+    short body to parse."""
+    headers = {k.lower(): v for k, v in resp.headers.items()}
+    body = resp.read(MAX_RESPONSE_BYTES + 1)
+    announced = headers.get("content-length", "")
+    if announced.isdigit() and len(body) < min(int(announced), MAX_RESPONSE_BYTES + 1):
+        raise HttpError(0, f"error: the connection to {url} closed before the whole answer came")
+    return _Answer(status, body, headers)
+
+
 def _request(req: urllib.request.Request, timeout: float) -> _Answer:
     if urlsplit(req.full_url).scheme not in ("http", "https"):
         raise HttpError(0, f"refusing to open {req.full_url!r}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - scheme checked above
-            headers = {k.lower(): v for k, v in resp.headers.items()}
-            return _Answer(int(resp.status), resp.read(MAX_RESPONSE_BYTES + 1), headers)
+            return _answer(req.full_url, int(resp.status), resp)
     except urllib.error.HTTPError as err:
-        return _Answer(int(err.code), err.read(MAX_RESPONSE_BYTES + 1), {k.lower(): v for k, v in err.headers.items()})
-    except (urllib.error.URLError, OSError) as err:
+        return _answer(req.full_url, int(err.code), err)
+    except http.client.IncompleteRead:
+        raise HttpError(0, f"error: the connection to {req.full_url} closed before the whole answer came") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
         reason = getattr(err, "reason", err)
         raise HttpError(0, f"error: could not reach {req.full_url}: {reason}") from None
 

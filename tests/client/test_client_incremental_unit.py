@@ -570,3 +570,54 @@ def test_the_pull_command_says_when_it_went_on_with_a_saved_pass() -> None:
     assert "refused the saved cursor" in cli._report_line(started_over)
     assert "saved cursor" not in cli._report_line(PullReport(kind="later"))
     assert cli._report_json(started_over)["resumed"] is True and cli._report_json(started_over)["restarted"] is True
+
+
+def _serving_cut_answers(answers: list[bytes]) -> tuple[str, Any]:
+    """A one-thread HTTP server on a free port that answers each request with the next raw bytes of `answers`
+    and then closes the connection: (its URL, the thread)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        with listener:
+            for raw in answers:
+                conn, _ = listener.accept()
+                with conn:
+                    request = b""
+                    while not request.endswith(b"\r\n\r\n{}"):  # the whole request (its body is {})
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        request += chunk
+                    conn.sendall(raw)
+                    conn.shutdown(socket.SHUT_WR)  # a close with nothing unread: no reset
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{port}/", thread
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # A Content-Length the connection closes before.
+        b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"changes": [',
+        # A chunked body that stops before its last chunk.
+        b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"cha',
+    ],
+)
+def test_an_answer_cut_short_is_no_answer_not_a_short_body(raw: bytes) -> None:
+    """The relay's process dies in the middle of a page: that is an unreachable relay (HttpError 0, which
+    pulls retry with backoff), not an answer to parse, which would end a follow for good as a protocol error."""
+    import urllib.request
+
+    from artifacts.client.httpapi import _request
+
+    url, thread = _serving_cut_answers([raw])
+    with pytest.raises(HttpError) as err:
+        _request(urllib.request.Request(url, data=b"{}", method="POST"), 5.0)  # noqa: S310 - a local test server
+    assert err.value.status == 0 and "closed before the whole answer came" in err.value.reason
+    thread.join(5)
