@@ -15,7 +15,7 @@ import re
 import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from . import httpapi
 from .connection import Relay, RelayError
@@ -39,6 +39,7 @@ from .incremental import (
 )
 from .revisions import json_text
 from .sync import Change, Restarting, Sync, Synced
+from .text import terminal_safe as _safe
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -113,17 +114,6 @@ def _keys(path: str) -> Keys:
 
 
 # --- output ----------------------------------------------------------------------------
-
-# What a terminal would act on rather than show: C0 and C1 controls (ESC, CSI...), DEL, and the bidirectional
-# controls that reorder what follows them. Artifact text and a relay's reasons are untrusted (NIP-AR "Client
-# behavior"): in text output each such character is written as a \uXXXX escape. JSON output (--json) escapes
-# C0 as JSON does and is meant for programs.
-_UNSAFE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _safe(text: object) -> str:
-    """`text` as a terminal may show it: nothing in it can move the cursor, recolor or reorder the line."""
-    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", str(text))
 
 
 def _line(event: Event) -> str:

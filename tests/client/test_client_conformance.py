@@ -103,3 +103,28 @@ async def test_a_broken_head_view_fails_naming_the_rule(
     assert code == 1, report
     assert len(failed) == 1 and failed[0].startswith(HEAD_RULE + ": the head view returned 4 of 5"), report
     assert lines[-1] == f"{len(verdicts(lines, 'PASS'))} passed, 1 failed", report
+
+
+@pytest.mark.parametrize("raised", ["CheckFailed", "Skipped", "RuntimeError"])
+async def test_a_relays_reason_cannot_drive_the_terminal_in_the_report(
+    monkeypatch: pytest.MonkeyPatch, raised: str
+) -> None:
+    """A relay's reason reaches the report through a failed check, a skip or an unexpected error: every control
+    character in it is printed escaped, as the CLI's other text output is (README: "a relay's reasons are
+    untrusted")."""
+    import io
+
+    from artifacts.client.conformance import runner
+
+    reason = "invalid: \x1b[2J\x1b]0;owned\x07\u202eevil"
+    error = {"CheckFailed": runner.CheckFailed, "Skipped": runner.Skipped, "RuntimeError": RuntimeError}[raised]
+
+    async def hostile(world: Any) -> None:
+        raise error(reason)
+
+    monkeypatch.setattr(runner, "CHECKS", [runner.Check("hostile", hostile, ())])
+    out = io.StringIO()
+    await runner.run_checks(None, out, runner.Report(), None)  # type: ignore[arg-type]
+    printed = out.getvalue()
+    assert "hostile" in printed and "\\u001b[2J" in printed and "\\u202e" in printed, printed
+    assert not {"\x1b", "\x07", "\u202e"} & set(printed), printed

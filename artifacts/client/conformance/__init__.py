@@ -10,6 +10,7 @@ from typing import TextIO
 
 from ..events import Keys
 from ..httpapi import RelayUrl
+from ..text import terminal_safe
 from . import checks_incremental, checks_reads, checks_sync, checks_writes
 from .runner import CHECKS, Report, run_checks
 from .world import SetupFailed, World
@@ -34,7 +35,7 @@ async def run_suite(
     except SetupFailed as err:
         report.failed += 1
         report.failures.append(f"FAIL setup: {err}")
-        stream.write(f"FAIL setup: {err}\n")
+        stream.write(terminal_safe(f"FAIL setup: {err}") + "\n")
     else:
         try:
             stream.write(

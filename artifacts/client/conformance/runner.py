@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ..text import terminal_safe
+
 if TYPE_CHECKING:
     from .world import World
 
@@ -74,7 +76,7 @@ async def run_checks(world: World, out: TextIO, report: Report, only: Sequence[s
         missing = [need for need in c.needs if not world.has(need)]
         if missing:
             report.skipped += 1
-            out.write(f"SKIP {c.name}: {world.why_not(missing[0])}\n")
+            out.write(terminal_safe(f"SKIP {c.name}: {world.why_not(missing[0])}") + "\n")
             out.flush()
             continue
         started = time.monotonic()
@@ -84,7 +86,7 @@ async def run_checks(world: World, out: TextIO, report: Report, only: Sequence[s
             verdict = f"FAIL {c.name}: {err}"
         except Skipped as err:
             report.skipped += 1
-            out.write(f"SKIP {c.name}: {err}\n")
+            out.write(terminal_safe(f"SKIP {c.name}: {err}") + "\n")
             out.flush()
             continue
         except TimeoutError:
@@ -98,5 +100,5 @@ async def run_checks(world: World, out: TextIO, report: Report, only: Sequence[s
             continue
         report.failed += 1
         report.failures.append(verdict)
-        out.write(verdict + "\n")
+        out.write(terminal_safe(verdict) + "\n")
         out.flush()
