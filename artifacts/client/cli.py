@@ -247,8 +247,6 @@ def _entry_lines(entries: Sequence[Entry]) -> str:
 
 async def cmd_pull(args: argparse.Namespace, out: TextIO) -> int:
     keys = _keys(args.key_file)
-    if args.follow and args.list:
-        raise CliError("--list and --follow don't go together (--follow prints each change instead)")
     try:
         query = CurrentFilter.of(args.channel or (), types=args.type or (), tags=args.tag or ())
         store = Store(args.store, relay=args.relay, pubkey=keys.pubkey, query=query)
@@ -400,8 +398,6 @@ def cmd_digest(args: argparse.Namespace, out: TextIO) -> int:
 async def cmd_conformance(args: argparse.Namespace, out: TextIO) -> int:
     from .conformance import run_suite
 
-    if not 2 <= len(args.key_file) <= 3:
-        raise CliError("conformance takes --key-file A --key-file B and optionally --key-file C")
     keys = [_keys(path) for path in args.key_file]
     if len({k.pubkey for k in keys}) != len(keys):
         raise CliError("the key files must hold different keys")
@@ -582,8 +578,25 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _undecodable(value: object) -> bool:
+    """Does `value` (an argument: a string, or lists of them) hold bytes that were not UTF-8? Python keeps them as
+    lone surrogates, which nothing can encode, sign or send."""
+    if isinstance(value, str):
+        return any("\ud800" <= ch <= "\udfff" for ch in value)
+    return isinstance(value, (list, tuple)) and any(_undecodable(v) for v in value)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
+    for name, value in vars(args).items():
+        if _undecodable(value):
+            top.error(f"--{name.replace('_', '-')} is not valid UTF-8")
+    # Usage errors argparse can't see (exit status 2, as its own).
+    if args.command == "pull" and args.follow and args.list:
+        top.error("--list and --follow don't go together (--follow prints each change instead)")
+    if args.command == "conformance" and not 2 <= len(args.key_file) <= 3:
+        top.error("conformance takes --key-file A --key-file B and optionally --key-file C")
     stream = out or sys.stdout
     try:
         if args.command == "derive-d":

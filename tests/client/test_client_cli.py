@@ -86,9 +86,16 @@ async def test_errors_are_one_line(tmp_path: Path) -> None:
         ),
         (
             ["conformance", "--relay", "ws://127.0.0.1:9/", "--key-file", str(key)],
-            1,
+            2,
             "error: conformance takes --key-file A --key-file B",
         ),
+        (
+            ["pull", "--relay", "ws://127.0.0.1:9/", "--key-file", str(key), "--store", "s.db", "--list", "--follow"],
+            2,
+            "error: --list and --follow don't go together",
+        ),
+        # Bytes that are not UTF-8 (kept by Python as lone surrogates): nothing could encode or sign them.
+        (["derive-d", "--channel", H, "--type", "buzz.x", "--key", "\udcff"], 2, "error: --key is not valid UTF-8"),
         (["frobnicate"], 2, "error: argument COMMAND: invalid choice: 'frobnicate'"),
         (
             [*ensure, "--content", "{}", "--attempts", "0"],
