@@ -121,7 +121,9 @@ def _state_events(channel: Channel, signer: Signer, created_at: int) -> list[Eve
 
 
 def refresh_state(channel: Channel) -> None:
-    """Replace the channel's relay-signed 39000/39001/39002 events (addressable: one of each)."""
+    """Replace the channel's relay-signed 39000/39001/39002 events (addressable: one of each). Called after the
+    change's access signal (`_signal_access`, `access_changed`): the events carry the epoch the change made, so
+    a live REQ re-checks its reader before it sends them (a member removed with them never gets them)."""
     community = channel.community
     # Each replacement must be newer than the one it replaces: for addressable events a client keeps
     # the newest, and a tie (two changes in one second) goes to the lower id, maybe the stale one.
@@ -209,8 +211,8 @@ def channel_create(
             Membership.objects.create(channel=channel, pubkey=creator, role=ChannelRole.OWNER)
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
-        refresh_state(channel)
         _signal_access(channel, signals.WHY_CREATED)
+        refresh_state(channel)
     return channel
 
 
@@ -281,8 +283,8 @@ def member_put(
             )
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
-        refresh_state(channel)
         _signal_access(channel, signals.WHY_MEMBERSHIP, pubkey=pubkey)
+        refresh_state(channel)
     return membership
 
 
@@ -313,8 +315,8 @@ def member_remove(
             target.save(update_fields=["removed_at"])
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
-        refresh_state(channel)
         _signal_access(channel, signals.WHY_MEMBERSHIP, pubkey=pubkey)
+        refresh_state(channel)
 
 
 # Archive, unarchive and delete, seen by observers an app registers (moderation keeps its audit log with
@@ -415,9 +417,9 @@ def channel_edit(
             access_changed(community.pk)
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
-        refresh_state(channel)
         if access_changed_now:
             _signal_access(channel, signals.WHY_VISIBILITY)
+        refresh_state(channel)
         if (channel.archived_at is None) != was_active:
             _lifecycle(channel, UNARCHIVE if channel.archived_at is None else ARCHIVE, actor or operator, request)
     return channel
@@ -443,8 +445,8 @@ def channel_delete(
         access_changed(community.pk)
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
-        refresh_state(channel)
         _signal_access(channel, signals.WHY_DELETED)
+        refresh_state(channel)
         _lifecycle(channel, DELETE, actor or operator, request)
 
 
@@ -463,5 +465,5 @@ def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, 
         )
         if request is not None:
             store_sync(community_id=community.pk, event=request, channel=channel.uuid)
-        refresh_state(channel)
         _signal_access(channel, signals.WHY_MEMBERSHIP, pubkey=pubkey)
+        refresh_state(channel)

@@ -192,6 +192,37 @@ async def test_member_removed_from_private_channel_stops_receiving(world: World,
         await clients.aclose()
 
 
+async def test_a_removed_member_gets_none_of_the_state_events_stored_with_the_removal(
+    world: World, relay_factory: Any
+) -> None:
+    """The 9001 that removes alice stores the channel's new 39000/39001/39002 in the same transaction: they carry
+    the epoch the removal made, so her REQ on them re-checks first and ends, and she gets none of them (she
+    could never read them). bob, still a member, gets all three."""
+    relay = relay_factory(**RELAY_ENV)
+    k, c = world.keys, world.chans
+    P, A = str(c["P"]), str(c["A"])
+    state = {"kinds": [39000, 39001, 39002], "#d": [P]}
+    clients = Clients(relay)
+    try:
+        alice = await clients(k["alice"])
+        bob = await clients(k["bob"])
+        owner = await clients(k["owner"])
+        await req(alice, "state", state)
+        await req(alice, "a", {"#h": [A], "kinds": [9]})
+        await req(bob, "state", state)
+        removal = sign(k["owner"], 9001, [["h", P], ["p", k["alice"].pubkey]])
+        await send_ok(owner, removal)
+        sentinel = chat(k["owner"], c["A"])
+        await send_ok(owner, sentinel)
+        got = await read_until(alice, lambda ms: "state" in closed_of(ms) and sentinel["id"] in events_of(ms, "a"))
+        assert closed_of(got)["state"].startswith("restricted:"), got
+        assert events_of(got, "state") == [], "a removed member got the state events stored with her removal"
+        got_bob = await read_until(bob, lambda ms: len(events_of(ms, "state")) == 3)
+        assert closed_of(got_bob) == {}
+    finally:
+        await clients.aclose()
+
+
 async def test_open_channel_turning_private_closes_nonmembers(world: World, relay_factory: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
     k, c = world.keys, world.chans
