@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.core.management.base import CommandError, CommandParser
 
 from buzz.management.commands._common import actions, community_arg, manage_command
 from buzz.models import Channel
-from moderation.services import COMMAND, ModerationError, estimate_open_syncs, preview_redact, redact, reset_policy
+from moderation.management.commands._actions import ActionCommand
+from moderation.services import COMMAND, estimate_open_syncs, preview_redact, redact, reset_policy
 
 _EVENT_ID = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -26,7 +26,7 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-class Command(BaseCommand):
+class Command(ActionCommand):
     help = "Moderation without the admin: redact artifact revisions, reset a community's access policy."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -46,14 +46,6 @@ class Command(BaseCommand):
         )
         reset.add_argument("--reason", required=True, help="recorded in the audit log")
         reset.add_argument("--yes", action="store_true", help="confirm: reset it")
-
-    def handle(self, *args: Any, **opts: Any) -> None:
-        try:
-            getattr(self, "_" + opts["action"].replace("-", "_"))(opts)
-        except ModerationError as err:
-            raise CommandError(str(err)) from None
-        except DatabaseError as err:
-            raise CommandError(f"database error: {str(err).strip().splitlines()[0]}") from None
 
     def _redact(self, opts: dict[str, Any]) -> None:
         bad = [i for i in opts["ids"] if not _EVENT_ID.match(i)]

@@ -10,11 +10,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.core.management.base import CommandError, CommandParser
 
 from buzz.management.commands._common import actions, community_arg, duration_arg
-from moderation.services import COMMAND, ModerationError, expire, reap_ttl, set_retention, show_retention
+from moderation.management.commands._actions import ActionCommand
+from moderation.services import COMMAND, expire, reap_ttl, set_retention, show_retention
 
 
 def _human(keep: dt.timedelta) -> str:
@@ -29,7 +29,7 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-class Command(BaseCommand):
+class Command(ActionCommand):
     help = "Revision-history retention: set and show a community's policy, run expiry, reap TTL channels."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -48,14 +48,6 @@ class Command(BaseCommand):
         run.add_argument("--reason", default="retention policy", help="recorded in the audit log")
         reap = add("reap-ttl", "Archive TTL channels past their deadline; delete them a further TTL later.")
         reap.add_argument("--reason", default="TTL passed", help="recorded in the audit log")
-
-    def handle(self, *args: Any, **opts: Any) -> None:
-        try:
-            getattr(self, "_" + opts["action"].replace("-", "_"))(opts)
-        except ModerationError as err:
-            raise CommandError(str(err)) from None
-        except DatabaseError as err:
-            raise CommandError(f"database error: {str(err).strip().splitlines()[0]}") from None
 
     def _set(self, opts: dict[str, Any]) -> None:
         try:
