@@ -44,16 +44,24 @@ def _thread(fn: Any) -> Any:
     return sync_to_async(fn, thread_sensitive=False)()
 
 
+async def _a_head_under_an_open_sync(world: World, author: Any, member: Any) -> tuple[str, dict[str, Any]]:
+    """The author creates an artifact in world.ch, and the member's sync "s" over the channel holds it and is
+    counted: (its d, its head)."""
+    ch = str(world.ch)
+    d = str(uuid.uuid4())
+    head = revision(world.author, d=d, h=ch)
+    await accept(author, head)
+    state = await open_sync(member, "s", {"artifact": "current", "#h": [ch]})
+    assert state.eose and d in state.heads
+    await open_syncs_counted(world.community, [world.ch], 1)
+    return d, head
+
+
 async def test_admin_redaction_resyncs_and_is_a_relay_signed_9005(world: World, relay_factory: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
     ch = str(world.ch)
     async with logged_in(relay, world.author, host=HOST) as a, logged_in(relay, world.member, host=HOST) as m:
-        d = str(uuid.uuid4())
-        head = revision(world.author, d=d, h=ch)
-        await accept(a, head)
-        state = await open_sync(m, "s", {"artifact": "current", "#h": [ch]})
-        assert state.eose and d in state.heads
-        await open_syncs_counted(world.community, [world.ch], 1)
+        d, head = await _a_head_under_an_open_sync(world, a, m)
         preview = await _thread(lambda: services.preview_redact(world.community, [head["id"], "ab" * 32]))
         assert preview.withheld == (head["id"],) and preview.retiring == (d,) and preview.unknown == ("ab" * 32,)
         assert preview.open_syncs == 1  # the one open sync over the channel, from the relay's census
@@ -180,12 +188,7 @@ async def test_the_moderation_command_previews_then_redacts_and_resets_with_resy
     relay = relay_factory(**RELAY_ENV)
     ch = str(world.ch)
     async with logged_in(relay, world.author, host=HOST) as a, logged_in(relay, world.member, host=HOST) as m:
-        d = str(uuid.uuid4())
-        head = revision(world.author, d=d, h=ch)
-        await accept(a, head)
-        state = await open_sync(m, "s", {"artifact": "current", "#h": [ch]})
-        assert state.eose and d in state.heads
-        await open_syncs_counted(world.community, [world.ch], 1)
+        d, head = await _a_head_under_an_open_sync(world, a, m)
         out, refused = await _thread(
             lambda: _command("redact", "--host", HOST, "--reason", "spam", head["id"], "ab" * 32)
         )

@@ -40,6 +40,13 @@ def _deadline(channel: uuid.UUID) -> dt.datetime:
     return row[0]
 
 
+def _create_and_update(world: World) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A create of a new artifact in world.ch, and an update of it."""
+    d, ch = str(uuid.uuid4()), str(world.ch)
+    create = revision(world.author, d=d, h=ch)
+    return create, revision(world.author, d=d, h=ch, op="update", prev=create["id"], title="again")
+
+
 async def _pushed_by(world: World, write: Any) -> bool:
     """Set the deadline an hour in the past, run `write`, and say whether it is now about TTL ahead."""
     past = timezone.now() - dt.timedelta(hours=1)
@@ -51,11 +58,8 @@ async def _pushed_by(world: World, write: Any) -> bool:
 
 async def test_every_accepted_write_pushes_the_deadline(world: World, relay_factory: Any) -> None:
     relay = relay_factory(**RELAY_ENV)
-    ch = str(world.ch)
     async with logged_in(relay, world.author, host=HOST) as a:
-        d = str(uuid.uuid4())
-        create = revision(world.author, d=d, h=ch)
-        update = revision(world.author, d=d, h=ch, op="update", prev=create["id"], title="again")
+        create, update = _create_and_update(world)
 
         async def post() -> None:
             await accept(a, message(world.author, world.ch))
@@ -131,11 +135,8 @@ async def test_a_write_racing_the_reapers_archive_leaves_the_deadline(world: Wor
     from tests.support.relay import relay_database_url
 
     relay = relay_factory(**RELAY_ENV)
-    ch = str(world.ch)
     async with logged_in(relay, world.author, host=HOST) as a:
-        d = str(uuid.uuid4())
-        create = revision(world.author, d=d, h=ch)
-        update = revision(world.author, d=d, h=ch, op="update", prev=create["id"], title="again")
+        create, update = _create_and_update(world)
         for name, event in (("kind 9", message(world.author, world.ch)), ("create", create), ("update", update)):
             past = timezone.now() - dt.timedelta(hours=1)
             await sync_to_async(_set_deadline, thread_sensitive=False)(world.ch, past)
