@@ -371,7 +371,7 @@ async def test_pull_follow_prints_each_confirmed_push(relay_factory: Any, tmp_pa
         proc.terminate()
         await proc.wait()
     code, out, err = await cli("pull", *args, "--follow", "--list")
-    assert (code, out) == (1, "") and err.startswith("error: --list and --follow don't go together")
+    assert (code, out) == (2, "") and err.startswith("error: --list and --follow don't go together")  # usage
 
 
 async def test_after_a_signing_key_change_pull_says_to_recover(
