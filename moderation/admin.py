@@ -865,11 +865,7 @@ class ModeratedCommunityAdmin(CommunityAdmin):
         return self.confirm.redirect(request, "reset_policy", queryset)
 
     def _preview_reset(self, communities: list[Community]) -> Preview:
-        # moderation.services has no preview_reset_policy: the count is the one reset_policy records.
-        syncs = 0
-        for c in communities:
-            live = Channel.objects.filter(community=c, deleted_at__isnull=True).values_list("uuid", flat=True)
-            syncs += services.estimate_open_syncs(c.pk, list(live))
+        syncs = sum(services.preview_reset_policy(c).open_syncs for c in communities)
         return Preview(
             summary="Advance each community's access-policy stamp: every incremental-read checkpoint its "
             "clients hold is refused (409 incremental_reset, policy_changed), and every open sync in the "

@@ -480,6 +480,13 @@ def delete_channel(channel: Channel, *, actor: str, reason: str) -> DeletePlan:
     return plan
 
 
+def preview_reset_policy(community: Community) -> LifecyclePlan:
+    """What `reset_policy` would do now: the community's live channels, and the open syncs over them (every one
+    gets a resync)."""
+    channels = list(Channel.objects.filter(community=community, deleted_at__isnull=True).values_list("uuid", flat=True))
+    return LifecyclePlan(channels=tuple(map(str, channels)), open_syncs=estimate_open_syncs(community.pk, channels))
+
+
 def reset_policy(community: Community, *, actor: str, reason: str) -> LifecyclePlan:
     """Reset the community's access policy: advance its PolicyStamp (incremental-read tokens minted before are
     refused) and have every subscription of every channel re-check access, so every sync resyncs."""
@@ -487,23 +494,18 @@ def reset_policy(community: Community, *, actor: str, reason: str) -> LifecycleP
         # The one place that advances the stamp (buzz.access.changes).
         access_changed(community.pk)
         stamp = PolicyStamp.objects.get(community=community)
-        channels = list(
-            Channel.objects.filter(community=community, deleted_at__isnull=True).values_list("uuid", flat=True)
-        )
-        open_syncs = estimate_open_syncs(community.pk, channels)
-        for uid in channels:
-            signals.publish_on_commit(community.pk, uid, signals.access_message(uid, WHY_POLICY_RESET))
+        plan = preview_reset_policy(community)
+        for channel in map(uuid.UUID, plan.channels):
+            signals.publish_on_commit(community.pk, channel, signals.access_message(channel, WHY_POLICY_RESET))
         _audit(
             community,
             who=actor,
             action=AuditAction.POLICY_RESET,
             target=community.host,
             reason=reason,
-            detail={"stamp": stamp.stamp, "channels": len(channels), "open_syncs": open_syncs},
+            detail={"stamp": stamp.stamp, "channels": len(plan.channels), "open_syncs": plan.open_syncs},
         )
-    return LifecyclePlan(
-        channels=tuple(map(str, channels)), open_syncs=open_syncs, detail=f"policy stamp {stamp.stamp}"
-    )
+    return replace(plan, detail=f"policy stamp {stamp.stamp}")
 
 
 def reap_ttl(*, now: dt.datetime | None = None, actor: str, reason: str) -> LifecyclePlan:

@@ -15,9 +15,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from buzz.management.commands._common import actions, community_arg, manage_command
-from buzz.models import Channel
 from moderation.management.commands._actions import ActionCommand
-from moderation.services import COMMAND, estimate_open_syncs, preview_redact, redact, reset_policy
+from moderation.services import COMMAND, preview_redact, preview_reset_policy, redact, reset_policy
 
 _EVENT_ID = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -99,14 +98,11 @@ class Command(ActionCommand):
             raise CommandError("--reason must say why (it is recorded in the audit log)")
         community = community_arg(opts["host"])
         if not opts["yes"]:
-            channels = list(
-                Channel.objects.filter(community=community, deleted_at__isnull=True).values_list("uuid", flat=True)
-            )
+            plan = preview_reset_policy(community)
             self.stdout.write(
                 f"resetting the access policy of {community.host} would refuse every incremental-read checkpoint"
-                f" (409 incremental_reset) and resync"
-                f" {_count(estimate_open_syncs(community.pk, channels), 'open sync', 'open syncs')}"
-                f" over its {_count(len(channels), 'channel', 'channels')}"
+                f" (409 incremental_reset) and resync {_count(plan.open_syncs, 'open sync', 'open syncs')}"
+                f" over its {_count(len(plan.channels), 'channel', 'channels')}"
             )
             confirm = manage_command("moderation", "reset-policy", "--host", community.host, "--reason",
                                      opts["reason"], "--yes")  # fmt: skip
