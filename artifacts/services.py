@@ -439,8 +439,7 @@ async def _edit(
     # Every compare-and-set lost: the answer is the one the edit gets on the state as it now is (a change of
     # access that committed after the last read is answered with its reason), read once more without writing.
     # Only when that state would accept the edit again is the answer to fetch the head and retry.
-    rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
-    judged = _judge_edit(actor, env, rows)
+    judged = await _read_and_judge(conn, actor, event, env, owner)
     return (judged if isinstance(judged, WriteResult) else WriteResult.rejected(HEAD_CHANGED)), []
 
 
@@ -614,12 +613,19 @@ def _published(event: Event, env: Envelope, accepted: _Accepted, epochs: dict[uu
     return published
 
 
+async def _read_and_judge(
+    conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
+) -> WriteResult | _Accepted:
+    """An edit's read (_READ, no lock) and `_judge_edit`'s answer on it."""
+    rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
+    return _judge_edit(actor, env, rows)
+
+
 async def _edit_once(
     conn: AsyncConnection[Any], actor: Actor, event: Event, env: Envelope, owner: str | None
 ) -> tuple[WriteResult, _Published] | None:
     """One pass of an edit; None when the compare-and-set found the head changed since it was read."""
-    rows = await (await conn.execute(_READ, read_params(actor, event, env, owner))).fetchall()
-    judged = _judge_edit(actor, env, rows)
+    judged = await _read_and_judge(conn, actor, event, env, owner)
     if isinstance(judged, WriteResult):
         return judged, []
     params = advance_params(
