@@ -68,7 +68,7 @@ from buzz.access.policy import (
     has_scope,
     post_allowed_sql,
 )
-from buzz.chat.messages import mentioned, named_pubkeys
+from buzz.chat.messages import deadline_push_sql, mentioned, named_pubkeys
 from buzz.events.ingest import WriteResult
 from buzz.events.store import insert_ctes, insert_params
 from buzz.identity.actor import Actor
@@ -198,12 +198,10 @@ WITH facts AS (
   SELECT %(community)s, p, %(id)s, %(h)s, %(kind)s, now() FROM art, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
 ), ttl AS (
-  -- A write into a TTL channel pushes its deadline forward, as kind 9 does, and never once it is archived
-  -- (buzz.chat.messages says why). By the primary key the facts found: a generic plan may search
-  -- (community, uuid) through the community's index and read every channel (tests/chat/test_hot_plans.py).
-  UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE id = (SELECT f.channel_pk FROM facts f) AND ttl_seconds IS NOT NULL AND archived_at IS NULL
-    AND EXISTS (SELECT 1 FROM art)
+  -- A write into a TTL channel pushes its deadline forward, as kind 9 does. By the primary key the facts
+  -- found: a generic plan may search (community, uuid) through the community's index and read every channel
+  -- (tests/chat/test_hot_plans.py).
+  {deadline_push_sql("(SELECT f.channel_pk FROM facts f)", written="art")}
 ),
 -- The channel's stored event (a NIP-01 replay of the channel returns it), never counted as a message.
 {insert_ctes("stored", "ev", source="art")}
@@ -250,10 +248,9 @@ def _head_change_ctes(*, artifact: str, allowed: str, mentions: str, channel_pk:
   WHERE {mentions}
   ON CONFLICT DO NOTHING
 ), ttl AS (
-  -- A write into a TTL channel pushes its deadline forward, as kind 9 does, and never once it is archived
-  -- (buzz.chat.messages). By the primary key of h that the policy's facts found (see _CREATE).
-  UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE id = {channel_pk} AND ttl_seconds IS NOT NULL AND archived_at IS NULL AND EXISTS (SELECT 1 FROM head)
+  -- A write into a TTL channel pushes its deadline forward, as kind 9 does. By the primary key of h that the
+  -- policy's facts found (see _CREATE).
+  {deadline_push_sql(channel_pk, written="head")}
 ),
 -- The revision is a stored event in its channel too.
 {insert_ctes("stored", "ev", source="head")}"""  # noqa: S608 - composed from code, values are placeholders

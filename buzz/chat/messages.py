@@ -49,6 +49,20 @@ KIND_MESSAGE = 9
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
+
+def deadline_push_sql(channel_pk: str, *, written: str) -> str:
+    """The UPDATE with which a write into a TTL channel (primary key `channel_pk`, an SQL expression) pushes its
+    deadline a TTL ahead, when the CTE `written` wrote a row: kind 9 here, and every NIP-AR revision
+    (artifacts.services). Never once the channel is archived: a write whose check ran before a concurrent
+    archive (the TTL reaper's) waits for its row lock and then sees archived_at set. A deadline pushed past
+    the archive would make the reaper take the channel for one archived by hand, and never delete it."""
+    return (
+        "UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)"  # noqa: S608 - from code
+        f" WHERE id = {channel_pk} AND ttl_seconds IS NOT NULL AND archived_at IS NULL"
+        f" AND EXISTS (SELECT 1 FROM {written})"
+    )
+
+
 # One statement decides and writes: the policy's facts for h (buzz.access.policy), its decision as a
 # condition, and everything else only when it holds. Every lookup is by an exact key, and the root's only
 # when there is one (a generic plan must not fall back to scanning the channel: tests/chat/test_hot_plans.py).
@@ -95,12 +109,7 @@ WITH facts AS (
   SELECT %(community)s, p, ins.id, %(channel)s, %(kind)s, now() FROM ins, unnest(%(mentions)s::text[]) AS p
   ON CONFLICT DO NOTHING
 ), ttl AS (
-  -- Never once archived: a write whose check ran before a concurrent archive (the TTL reaper's) waits for
-  -- its row lock and then sees archived_at set. A deadline pushed past the archive would make the reaper
-  -- take the channel for one archived by hand, and never delete it.
-  UPDATE buzz_channel SET deadline = now() + make_interval(secs => ttl_seconds)
-  WHERE id = (SELECT channel_pk FROM allowed) AND ttl_seconds IS NOT NULL AND archived_at IS NULL
-    AND EXISTS (SELECT 1 FROM ins)
+  {deadline_push_sql("(SELECT channel_pk FROM allowed)", written="ins")}
 )
 SELECT f.*, (SELECT count(*) FROM ins), (SELECT min(kind) FROM bad_root) FROM facts f
 """)  # noqa: S608 - composed from code, values are placeholders
