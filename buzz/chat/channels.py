@@ -251,8 +251,9 @@ def member_put(
         channel = _lock(community, channel_uuid)
         if channel.type == ChannelType.DM:
             raise ChannelError("invalid: a DM's participants can't change")
+        # The actor's role, read once (an operator has none and needs none).
+        actor_role = role_of(channel, actor) if actor is not None else None
         if actor is not None:
-            actor_role = role_of(channel, actor)
             if channel.visibility == Visibility.PRIVATE and actor_role not in MANAGER_ROLES:
                 raise ChannelError("restricted: only owners and admins add members to a private channel")
             if channel.visibility == Visibility.OPEN and actor_role is None:
@@ -267,11 +268,11 @@ def member_put(
         if current is not None:
             new_role = current.role if role is None else role  # no role named: the member keeps theirs
             if new_role != current.role:
-                if actor is not None and role_of(channel, actor) not in MANAGER_ROLES:
+                if actor is not None and actor_role not in MANAGER_ROLES:
                     raise ChannelError("restricted: only owners and admins change a member's role")
                 if current.role == ChannelRole.OWNER and _owners(channel) <= 1:
                     raise ChannelError("invalid: the last owner can't be demoted")
-                if actor is not None and current.role == ChannelRole.OWNER and role_of(channel, actor) != "owner":
+                if actor is not None and current.role == ChannelRole.OWNER and actor_role != "owner":
                     raise ChannelError("restricted: only an owner changes an owner's role")
                 current.role = new_role
                 with guarded_writes():  # this service publishes the access change
