@@ -104,7 +104,8 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
         return EventFrame(value[1])
     if verb == "AUTH":
         if len(value) != 2:
-            raise notice("invalid: AUTH takes exactly one event")
+            # Answered like EVENT (NIP-42: AUTH gets an OK), with the event's id when the frame carries one.
+            raise FrameError(["OK", _id_of(value[1] if len(value) > 1 else None), False, AUTH_ARITY])
         return AuthFrame(value[1])
     if verb in ("REQ", "COUNT"):
         sub_id = _sub_id(value, limits)
@@ -122,6 +123,7 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
 
 
 EVENT_ARITY: Final = "invalid: EVENT takes exactly one event"
+AUTH_ARITY: Final = "invalid: AUTH takes exactly one event"
 
 
 def _id_of(raw: object) -> str:

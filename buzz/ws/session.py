@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 section 7.4.1).
 CLOSE_TRY_AGAIN = 1013  # the client stopped reading and the outbound bound was reached
+# AUTH on a connection opened with `Authorization: Bearer`: the token decides what it may do, to the end.
+BEARER_CONNECTION = (
+    "restricted: this connection is authenticated by an API token; open a new connection to log in with NIP-42"
+)
 
 
 def frame_limits(lim: Limits) -> FrameLimits:
@@ -161,6 +165,10 @@ class Session:
         if self.actor is not None and self.actor.pubkey != pubkey:
             self.reply(["OK", event_id, False, "restricted: this connection is authenticated as another pubkey"])
             return
+        if self.actor is not None and self.actor.token_id is not None:
+            # The connection keeps the token's scopes, channels and expiry: an OK here would change nothing.
+            self.reply(["OK", event_id, False, BEARER_CONNECTION])
+            return
         try:
             ok = await admitted(self.community, pubkey)
         except Exception:
@@ -172,8 +180,8 @@ class Session:
             return
         if self.actor is None:
             self.actor = Actor(community=self.community, pubkey=pubkey)
-        # A challenge is good for one login.
-        self.challenge = secrets.token_hex(16)
+        # The challenge stays good for the connection (NIP-42: until the relay sends another), so AUTH again
+        # with the same pubkey is answered OK; another pubkey is refused above.
         self.reply(["OK", event_id, True, ""])
 
     async def _event(self, frame: EventFrame) -> None:

@@ -24,6 +24,7 @@ from websockets.exceptions import InvalidStatus
 from buzz.identity.tokens import hash_token, token_create, token_revoke
 from buzz.models import ApiToken, Channel, Community
 from buzz.nostr import Signer
+from buzz.ws.session import BEARER_CONNECTION
 from tests.support.factories import TOKEN_INVALID, make_channel, make_community, message, signed, signers
 from tests.support.records import stored
 from tests.support.wire import http, publish, query
@@ -91,6 +92,10 @@ async def test_bearer_connection_authenticates_as_the_token_pubkey(desk: Desk, r
         reply = await client.auth(d.eve)
         assert reply[2:] == [False, "restricted: this connection is authenticated as another pubkey"]
         await refused(client, message(d.eve, d.a), "invalid: event pubkey is not the authenticated pubkey")
+        # Nor does the token's own pubkey log in over it: the token's scopes, channels and expiry stay the
+        # connection's, so an OK would promise what the connection can't do.
+        reply = await client.auth(d.dana)
+        assert reply[2:] == [False, BEARER_CONNECTION]
 
 
 async def test_token_scopes_limit_what_it_may_do(desk: Desk, relay_factory: Any) -> None:

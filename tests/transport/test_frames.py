@@ -106,6 +106,14 @@ def test_malformed_json_and_shapes() -> None:
         False,
         "invalid: EVENT takes exactly one event",
     ]
+    # NIP-42 answers AUTH with OK "like any EVENT": a malformed AUTH frame too.
+    assert reply_of('["AUTH"]') == ["OK", "", False, "invalid: AUTH takes exactly one event"]
+    assert reply_of('["AUTH", {"id": "' + "cd" * 32 + '"}, "x"]') == [
+        "OK",
+        "cd" * 32,
+        False,
+        "invalid: AUTH takes exactly one event",
+    ]
     assert reply_of('["CLOSE"]')[0] == "NOTICE"
     assert reply_of('["REQ", 5, {}]')[0] == "NOTICE"
     assert reply_of('["REQ", "", {}]') == ["NOTICE", "invalid: subscription id must not be empty"]

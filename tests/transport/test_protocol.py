@@ -101,10 +101,19 @@ async def test_auth_checks_every_field(keys: dict[str, Signer], relay_factory: A
         # After every refusal the connection still logs in with a correct event.
         await c.send_json(["AUTH", good])
         assert (await c.expect("OK", where=lambda m: m[1] == good["id"]))[2] is True
-        # A challenge is good for one login: replaying the same AUTH event is refused.
+        # The challenge stays good for the connection (NIP-42: until the relay sends another, and it sends
+        # none): the same pubkey logs in again, another pubkey is refused as another, not as a bad challenge.
         await c.send_json(["AUTH", good])
-        replay = await c.expect("OK", where=lambda m: m[1] == good["id"])
-        assert replay[2] is False and "challenge" in replay[3]
+        assert (await c.expect("OK", where=lambda m: m[1] == good["id"]))[2:] == [True, ""]
+        again = member.sign_event(kind=22242, tags=[relay_tag, ["challenge", challenge]], content="again").to_dict()
+        await c.send_json(["AUTH", again])
+        assert (await c.expect("OK", where=lambda m: m[1] == again["id"]))[2:] == [True, ""]
+        other = keys["outsider"].sign_event(kind=22242, tags=[relay_tag, ["challenge", challenge]], content="")
+        await c.send_json(["AUTH", other.to_dict()])
+        assert (await c.expect("OK", where=lambda m: m[1] == other.id))[2:] == [
+            False,
+            "restricted: this connection is authenticated as another pubkey",
+        ]
 
 
 async def test_non_member_is_restricted_and_open_admission_admits(keys: dict[str, Signer], relay_factory: Any) -> None:
