@@ -50,6 +50,9 @@ def token_create(
     from buzz.access.policy import KNOWN_SCOPES, parse_channel_id
 
     check_pubkey(pubkey)
+    if expires_in is not None and expires_in <= dt.timedelta(0):
+        # timedelta(0) is falsy: without this check it would silently become a token that never expires.
+        raise ValidationError("a token's lifetime must be positive")
     scope_list = sorted(set(scopes))
     if not scope_list:
         raise ValidationError("a token needs at least one scope")

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.utils import timezone
 from websockets.exceptions import InvalidStatus
 
@@ -261,3 +262,16 @@ async def test_token_command_prints_the_token_once_and_revoke_stops_it(desk: Des
     status, _ = await http(relay, "GET", "/api/unread", host=HOST, authorization=auth)
     assert status == 401
     assert "\trevoked" in await sync_to_async(run)("token", "list", "--host", HOST, "--pubkey", d.eve.pubkey)
+
+
+def test_token_command_refuses_a_lifetime_that_is_zero_or_overflows(desk: Desk) -> None:
+    # timedelta(0) is falsy: a zero lifetime must not become a token that never expires.
+    for zero in ("0s", "0m", "0h", "0d"):
+        with pytest.raises(CommandError, match=r"^a token's lifetime must be positive$"):
+            run("token", "create", "--host", HOST, desk.eve.pubkey, "--scope", "messages:read", "--expires-in", zero)
+    # Added to now, a lifetime past the calendar's end is one clear error, not an OverflowError.
+    with pytest.raises(CommandError, match=r"^invalid duration '3000000d': at most 36500d$"):
+        run("token", "create", "--host", HOST, desk.eve.pubkey, "--scope", "messages:read", "--expires-in", "3000000d")
+    assert not ApiToken.objects.filter(pubkey=desk.eve.pubkey).exists()
+    run("token", "create", "--host", HOST, desk.eve.pubkey, "--scope", "messages:read", "--expires-in", "1s")
+    assert ApiToken.objects.get(pubkey=desk.eve.pubkey).expires_at is not None

@@ -18,6 +18,7 @@ from buzz.models import Community
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_DURATION_SECONDS = 36500 * 86400  # a hundred years
 
 
 def community_arg(host: str) -> Community:
@@ -41,7 +42,11 @@ def duration_arg(value: str) -> dt.timedelta:
     match = _DURATION.match(value)
     if not match:
         raise CommandError(f"invalid duration {value!r}: use a number and s, m, h or d (e.g. 30m, 7d)")
-    return dt.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    seconds = int(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION_SECONDS:
+        # Added to now, a longer one overflows the calendar (or the database's timestamps).
+        raise CommandError(f"invalid duration {value!r}: at most {MAX_DURATION_SECONDS // 86400}d")
+    return dt.timedelta(seconds=seconds)
 
 
 def actions(parser: CommandParser, *, host: bool = True) -> Callable[[str, str], argparse.ArgumentParser]:
