@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted
-from buzz.identity.tokens import authenticate_bearer
+from buzz.identity.tokens import authenticate_bearer, bearer_credential
 from buzz.limits import limits
 from buzz.nostr import ProtocolError, verify_http_auth
 from buzz.runtime import runtime
@@ -32,14 +32,27 @@ BEARER_REFUSED = "auth-required: unknown, revoked or expired token"
 def bearer_header(request: HttpRequest) -> str | None:
     """The Authorization header when it is a bearer credential (`authenticate` checks it as a token), else None."""
     header = request.headers.get("Authorization")
-    return header if header and header.startswith("Bearer ") else None
+    return header if bearer_credential(header) is not None else None
+
+
+def _request_target(request: HttpRequest) -> str:
+    """The path and query as the client sent them. NIP-98's u tag is the URL exactly as requested:
+    Django's get_full_path() decodes the path and quotes path and query again, so a URL signed as sent
+    ("/x?q={a}", "/api/ch/%61bc") would not compare equal to it."""
+    scope = getattr(request, "scope", None)
+    raw = scope.get("raw_path") if isinstance(scope, dict) else None
+    if not isinstance(raw, bytes) or not raw:
+        return request.get_full_path()
+    query = scope.get("query_string") or b"" if isinstance(scope, dict) else b""
+    target = raw.decode("latin-1")
+    return f"{target}?{query.decode('latin-1')}" if query else target
 
 
 def request_url(request: HttpRequest, community: CommunityInfo) -> str:
     """The absolute URL the client signed: the community's public scheme and host, and this path and query."""
     public = urlsplit(community.public_url)
     scheme = "https" if public.scheme == "wss" else "http"
-    return f"{scheme}://{public.netloc}{request.get_full_path()}"
+    return f"{scheme}://{public.netloc}{_request_target(request)}"
 
 
 async def authenticate(request: HttpRequest, community: CommunityInfo, body: bytes) -> Actor:

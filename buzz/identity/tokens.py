@@ -103,13 +103,18 @@ WHERE k.token_hash = %(hash)s AND k.community_id = %(community)s AND k.revoked_a
 BEARER_LOOKUP_COLUMNS = 6
 
 
+def bearer_credential(header: str | None) -> str | None:
+    """The credential of an `Authorization: Bearer <credential>` header (the scheme in any case: RFC 9110
+    section 11.1), or None for another scheme or none."""
+    scheme, _, credential = (header or "").strip().partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" else None
+
+
 def bearer_lookup(community: CommunityInfo, header: str | None) -> dict[str, Any] | None:
     """The parameters of `BEARER_LOOKUP` for `Authorization: Bearer <token>`, or None for a header that
     carries no token of ours (no statement needed: authentication fails)."""
-    if not header or not header.startswith("Bearer "):
-        return None
-    token = header[len("Bearer ") :].strip()
-    if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+    token = bearer_credential(header)
+    if token is None or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
     return {
         "hash": hash_token(token),

@@ -124,7 +124,7 @@ async def unread(request: HttpRequest) -> JsonResponse:
     """Unread counts for every channel the caller is a member of."""
     if request.method != "GET":
         return error_response("invalid: use GET", status=405)
-    actor = await _actor_or_error(request, b"")
+    actor = await _actor_or_error(request, request.body)
     if isinstance(actor, JsonResponse):
         return actor
     return JsonResponse({"channels": await counters.unread_counts(actor)})
@@ -135,7 +135,7 @@ async def mentions(request: HttpRequest) -> JsonResponse:
     """The caller's mention records, newest first, only from channels it can still read."""
     if request.method != "GET":
         return error_response("invalid: use GET", status=405)
-    actor = await _actor_or_error(request, b"")
+    actor = await _actor_or_error(request, request.body)
     if isinstance(actor, JsonResponse):
         return actor
     try:

@@ -82,6 +82,17 @@ def _log_dependency(reason: str, exc: BaseException) -> None:
         log.warning("%s (%s: %s); logged once per %.0f s", reason, type(exc).__name__, exc, LOG_INTERVAL)
 
 
+# The schemes that authenticate a request here: NIP-98 and API tokens.
+AUTH_SCHEMES: Final = "Nostr, Bearer"
+
+
+def _challenging(response: HttpResponse) -> HttpResponse:
+    """A 401 names the schemes that would authenticate the request (RFC 9110 section 15.5.2)."""
+    if response.status_code == 401 and not response.has_header("WWW-Authenticate"):
+        response["WWW-Authenticate"] = AUTH_SCHEMES
+    return response
+
+
 Shape = Callable[[str, int], HttpResponse]
 V = TypeVar("V", bound=Callable[..., Awaitable[HttpResponse]])
 
@@ -96,6 +107,9 @@ def json_failures(shape: Shape = _error_shape) -> Callable[[V], V]:
     def decorate(view: V) -> V:
         @functools.wraps(view)
         async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            return _challenging(await _answer(request, *args, **kwargs))
+
+        async def _answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
                 return await view(request, *args, **kwargs)
             except Refused as err:
