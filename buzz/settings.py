@@ -11,16 +11,20 @@ to set, instead of a traceback; every other exception keeps its traceback.
 
 from __future__ import annotations
 
+import builtins
 import secrets
 import sys
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import django_stubs_ext
 import environ
 from django.core.exceptions import ImproperlyConfigured
+
+from buzz.flags import parse_flag
 
 # Lets the admin classes be written with type parameters (ModelAdmin[Model]).
 django_stubs_ext.monkeypatch()
@@ -68,6 +72,21 @@ class _Env(environ.Env):  # type: ignore[misc]
         except ValueError:
             kind = {int: "an integer", float: "a number"}.get(cast, f"a valid {getattr(cast, '__name__', 'value')}")
             raise _config_error(f"{var} must be {kind}, not {self.ENVIRON.get(var, '')!r}") from None
+
+    def bool(self, var: str, default: Any = environ.Env.NOTSET) -> builtins.bool:
+        """An on/off variable (buzz.flags): a value that is neither word is refused, not read as off."""
+        if var not in self.ENVIRON:
+            if default is environ.Env.NOTSET:
+                raise _config_error(f"set {var} in the environment")
+            return builtins.bool(default)
+        flag = parse_flag(self.ENVIRON[var])
+        if flag is None:
+            raise _config_error(f"{var} must be 1/true/yes/on or 0/false/no/off, not {self.ENVIRON[var]!r}")
+        return flag
+
+    def list(self, var: str, cast: Any = None, default: Any = environ.Env.NOTSET) -> builtins.list[Any]:
+        """A comma-separated list, each item stripped of spaces and empty ones dropped ("a, b," is a and b)."""
+        return [item.strip() for item in super().list(var, cast=cast, default=default) if item.strip()]
 
 
 env = _Env()
@@ -128,7 +147,7 @@ if DEV_MODE:
     ALLOWED_HOSTS: list[str] = env.list("ALLOWED_HOSTS", default=["*"])
 else:
     SECRET_KEY = _strong_secret(_required("SECRET_KEY"))
-    ALLOWED_HOSTS = [h for h in env.list("ALLOWED_HOSTS", default=[]) if h]
+    ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[])
     if not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS:
         raise _config_error(
             "set ALLOWED_HOSTS to the relay's host names, comma-separated: * is refused outside dev mode"
@@ -187,13 +206,40 @@ ASGI_APPLICATION = "buzz.asgi.application"
 DATABASE_URL = _required("DATABASE_URL")
 if DATABASE_URL.partition("://")[0] not in ("postgres", "postgresql", "pgsql"):
     raise _config_error("set DATABASE_URL to a PostgreSQL URL, e.g. postgres://buzz@127.0.0.1:5432/buzz")
-DATABASES = {"default": env.db_url_config(DATABASE_URL)}
+try:
+    _database = env.db_url_config(DATABASE_URL)
+except ValueError as _err:  # a port that is not a number
+    raise _config_error(f"DATABASE_URL is malformed ({_err}): e.g. postgres://buzz@127.0.0.1:5432/buzz") from None
+if not _database.get("NAME"):
+    # libpq would pick a database (and, with no host, a server) of its own.
+    raise _config_error("DATABASE_URL names no database: e.g. postgres://buzz@127.0.0.1:5432/buzz")
+DATABASES = {"default": _database}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="test_buzz")}
 
 REDIS_URL: str = _required("REDIS_URL")
 if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
     raise _config_error("set REDIS_URL to a Redis URL, e.g. redis://127.0.0.1:6379/0")
+
+
+def _redis_url_problem(url: str) -> str | None:
+    """What is missing from a Redis URL (redis-py would fall back to localhost:6379 without a host), or None."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return None if parts.path else "a socket path"
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        return "a port that is a number"
+    if not parts.hostname:
+        return "a host"
+    if parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        return "a database number as its path"
+    return None
+
+
+if (_problem := _redis_url_problem(REDIS_URL)) is not None:
+    raise _config_error(f"REDIS_URL needs {_problem}: e.g. redis://127.0.0.1:6379/0")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -217,6 +263,13 @@ AUTHENTICATION_BACKENDS = [
 ]
 AXES_FAILURE_LIMIT: int = env.int("BUZZ_ADMIN_LOGIN_FAILURES", default=5)
 AXES_COOLOFF_TIME = timedelta(seconds=env.int("BUZZ_ADMIN_LOCKOUT_SECONDS", default=900))
+# 0 or less would lock every login out (failures) or never lock anyone out (cool-off).
+for _name, _value in (
+    ("BUZZ_ADMIN_LOGIN_FAILURES", AXES_FAILURE_LIMIT),
+    ("BUZZ_ADMIN_LOCKOUT_SECONDS", AXES_COOLOFF_TIME.total_seconds()),
+):
+    if _value < 1:
+        raise _config_error(f"{_name} must be at least 1")
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 
@@ -226,7 +279,7 @@ AXES_RESET_ON_SUCCESS = True
 # CSRF_TRUSTED_ORIGINS: comma-separated origins (scheme://host[:port]) the admin's forms may come from
 # when they differ from the request's own. Outside dev mode cookies are always Secure, and every
 # trusted origin must be https: there is no setting that turns either off.
-CSRF_TRUSTED_ORIGINS: list[str] = [o for o in env.list("CSRF_TRUSTED_ORIGINS", default=[]) if o]
+CSRF_TRUSTED_ORIGINS: list[str] = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 for _origin in CSRF_TRUSTED_ORIGINS:
     if not (_origin.startswith("https://") or (DEV_MODE and _origin.startswith("http://"))):
         raise _config_error(
@@ -249,12 +302,15 @@ CSRF_COOKIE_SECURE = not DEV_MODE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
+_log_level = env.str("LOG_LEVEL", default="INFO").strip().upper()
+if _log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise _config_error(f"LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {_log_level!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "root": {"handlers": ["console"], "level": _log_level},
     # django-axes announces itself at every start (each manage.py command too); its lockouts stay logged.
     "loggers": {"axes.apps": {"level": "WARNING"}},
 }
@@ -277,6 +333,13 @@ BUZZ_LIMITS = {
     "outbound_max_messages": env.int("BUZZ_OUTBOUND_MAX_MESSAGES", default=1024),
     "outbound_max_bytes": env.int("BUZZ_OUTBOUND_MAX_BYTES", default=4 * 1024 * 1024),
 }
+# A negative window would refuse every event.
+for _name, _key in (
+    ("BUZZ_CREATED_AT_PAST", "created_at_lower_limit"),
+    ("BUZZ_CREATED_AT_FUTURE", "created_at_upper_limit"),
+):
+    if BUZZ_LIMITS[_key] < 0:
+        raise _config_error(f"{_name} must be 0 or more (seconds)")
 # An authentication's created_at window bounds how long a captured AUTH or NIP-98 event stays usable (and
 # how long the NIP-98 replay guard keeps its id): an hour at most, and never 0 or less (every login refused).
 MAX_AUTH_WINDOW = 3600
@@ -314,6 +377,9 @@ BUZZ_WRITE_QUOTA = {
 BUZZ_PUBLISH_MAX_PENDING: int = env.int("BUZZ_PUBLISH_MAX_PENDING", default=100_000)
 # Key prefix for everything the relay keeps in Redis (quotas, NIP-98 replay guard, pub/sub topics).
 BUZZ_REDIS_PREFIX: str = env.str("BUZZ_REDIS_PREFIX", default="buzz:")
+if not BUZZ_REDIS_PREFIX.strip():
+    # Without one the relay's keys and topics would mix with whatever else uses that Redis.
+    raise _config_error("BUZZ_REDIS_PREFIX must not be empty (the default is buzz:)")
 
 # NIP-AR queries: every /query and /count runs inside this statement budget; past it, HTTP 503.
 BUZZ_QUERY_BUDGET_MS: int = env.int("BUZZ_QUERY_BUDGET_MS", default=5000)
@@ -342,6 +408,16 @@ BUZZ_SYNC = {
     # Bytes of the initial set a sync may buffer between the snapshot and the connection's send queue.
     "buffer_bytes": env.int("BUZZ_SYNC_BUFFER_BYTES", default=8 * 1024 * 1024),
 }
+# 0 or less would refuse every sync (a set of at most 0, a budget of none, an empty buffer) or, for the
+# page, end every initial read with an error.
+for _name, _key in (
+    ("BUZZ_SYNC_MAX_EVENTS", "max_events"),
+    ("BUZZ_SYNC_SNAPSHOT_BUDGET_MS", "snapshot_budget_ms"),
+    ("BUZZ_SYNC_PAGE_ROWS", "page_rows"),
+    ("BUZZ_SYNC_BUFFER_BYTES", "buffer_bytes"),
+):
+    if BUZZ_SYNC[_key] < 1:
+        raise _config_error(f"{_name} must be at least 1")
 
 # NIP-AR incremental reads (POST /query {"artifact": "incremental", ...}): off by default. Cursors and
 # checkpoints are signed with BUZZ_INCREMENTAL_SIGNING_KEY, which every instance serving the community
@@ -354,9 +430,11 @@ BUZZ_INCREMENTAL = {
     "response_bytes": env.int("BUZZ_INCREMENTAL_RESPONSE_BYTES", default=8 * 1024 * 1024),
 }
 if BUZZ_INCREMENTAL["enabled"]:
-    if len(str(BUZZ_INCREMENTAL["signing_key"]).strip()) < 32:
+    _key_text = str(BUZZ_INCREMENTAL["signing_key"]).strip()
+    if len(_key_text) < 32 or len(set(_key_text)) < SECRET_KEY_MIN_DISTINCT:
         raise _config_error(
-            "set BUZZ_INCREMENTAL_SIGNING_KEY to a random string of at least 32 characters, the same on every"
+            f"set BUZZ_INCREMENTAL_SIGNING_KEY to a random string of at least 32 characters"
+            f" ({SECRET_KEY_MIN_DISTINCT} of them distinct), the same on every"
             " instance (BUZZ_ARTIFACT_INCREMENTAL_ENABLED is on; docs/operations.md says how to make one)"
         )
     if not 1 <= int(BUZZ_INCREMENTAL["page_rows"]) <= 1000:

@@ -53,6 +53,8 @@ from typing import IO, Any, Protocol
 
 import psutil
 
+from buzz.flags import parse_flag
+
 _log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -156,7 +158,6 @@ def environment_urls(var_dir: Path, *, durable: bool = True) -> tuple[dict[str, 
 
 # The variables checkout_environment() may fill in, and the var/ layout that serves each.
 _URL_VARIABLES = ("DATABASE_URL", "REDIS_URL")
-_FALSE_WORDS = {"", "0", "false", "no", "off", "n", "f"}
 
 
 def is_dev_checkout(base_dir: Path) -> bool:
@@ -227,8 +228,9 @@ def checkout_hint(base_dir: Path, environ: Mapping[str, str]) -> str | None:
 
 
 def _production_requested(environ: Mapping[str, str]) -> bool:
+    # A value that is not an on/off word is not dev mode either: the settings refuse it with its one line.
     value = environ.get("BUZZ_DEV")
-    return value is not None and value.strip().lower() in _FALSE_WORDS
+    return value is not None and parse_flag(value) is not True
 
 
 # --- supervision -----------------------------------------------------------------------

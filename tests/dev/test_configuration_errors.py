@@ -68,11 +68,61 @@ SECRET = secrets.token_urlsafe(50)
             {**UNREACHABLE, "SECRET_KEY": SECRET, "ALLOWED_HOSTS": "x", "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto"},
             "SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https'",
         ),
+        # An on/off variable holds an on/off word: a typo is not read as off (BUZZ_SYNC_ENABLED=tru would
+        # silently stop advertising sync), nor BUZZ_DEV's as production by one reader and dev by the other.
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_SYNC_ENABLED": "tru"}, "BUZZ_SYNC_ENABLED must be 1/true/yes/on or"),
+        ({**UNREACHABLE, "BUZZ_DEV": "enabled"}, "BUZZ_DEV must be 1/true/yes/on or 0/false/no/off, not 'enabled'"),
+        # A lockout of 0 s never locks anyone out; 0 failures locks every login out.
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_ADMIN_LOCKOUT_SECONDS": "0"}, "BUZZ_ADMIN_LOCKOUT_SECONDS must be"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_ADMIN_LOGIN_FAILURES": "-1"}, "BUZZ_ADMIN_LOGIN_FAILURES must be"),
+        # Connection URLs that libpq or redis-py would complete with servers of their own choosing.
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "DATABASE_URL": "postgres://u@h:port/db"}, "DATABASE_URL is malformed"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "DATABASE_URL": "postgres://"}, "DATABASE_URL names no database"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "REDIS_URL": "redis://"}, "REDIS_URL needs a host"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "REDIS_URL": "redis://:6379/0"}, "REDIS_URL needs a host"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "REDIS_URL": "redis://h:abc/0"}, "REDIS_URL needs a port that is a number"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "REDIS_URL": "redis://h:6379/x"}, "REDIS_URL needs a database number"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "REDIS_URL": "unix://"}, "REDIS_URL needs a socket path"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_REDIS_PREFIX": ""}, "BUZZ_REDIS_PREFIX must not be empty"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_CREATED_AT_PAST": "-1"}, "BUZZ_CREATED_AT_PAST must be 0 or more"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_SYNC_PAGE_ROWS": "0"}, "BUZZ_SYNC_PAGE_ROWS must be at least 1"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "BUZZ_SYNC_MAX_EVENTS": "-1"}, "BUZZ_SYNC_MAX_EVENTS must be at least 1"),
+        ({**UNREACHABLE, "BUZZ_DEV": "1", "LOG_LEVEL": "LOUD"}, "LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or"),
+        (
+            {
+                **UNREACHABLE,
+                "BUZZ_DEV": "1",
+                "BUZZ_ARTIFACT_INCREMENTAL_ENABLED": "1",
+                "BUZZ_INCREMENTAL_SIGNING_KEY": "a" * 40,
+            },
+            "set BUZZ_INCREMENTAL_SIGNING_KEY to a random string of at least 32 characters (5 of them distinct)",
+        ),
     ],
 )
 def test_a_malformed_or_missing_setting_is_one_line(env: dict[str, str], expected: str) -> None:
     line = one_line(run("manage.py", "check", env=env))
     assert line.startswith("configuration error: ") and expected in line, line
+
+
+def test_lists_and_words_are_read_as_an_operator_writes_them() -> None:
+    code = (
+        "import django; django.setup(); from django.conf import settings as s;"
+        " print(s.ALLOWED_HOSTS, s.CSRF_TRUSTED_ORIGINS, s.BUZZ_SYNC['enabled'], s.LOGGING['root']['level'])"
+    )
+    env = {
+        **UNREACHABLE,
+        "DJANGO_SETTINGS_MODULE": "buzz.settings",
+        "SECRET_KEY": SECRET,
+        "ALLOWED_HOSTS": " a.example, b.example ,",
+        "CSRF_TRUSTED_ORIGINS": "https://a.example, https://b.example",
+        "BUZZ_SYNC_ENABLED": " Off ",
+        "LOG_LEVEL": "warning",
+    }
+    result = run("-c", code, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "['a.example', 'b.example'] ['https://a.example', 'https://b.example'] False WARNING"
+    )
 
 
 def test_manage_py_in_a_checkout_without_make_run_says_to_start_it() -> None:

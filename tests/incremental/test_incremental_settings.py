@@ -64,7 +64,7 @@ def test_the_response_bound_has_the_pages_reserve_as_its_floor() -> None:
     from artifacts.incremental import MIN_RESPONSE_BYTES
 
     assert MIN_RESPONSE_BYTES == 4608  # buzz.settings spells it (it can't import artifacts)
-    on = {"BUZZ_ARTIFACT_INCREMENTAL_ENABLED": "1", "BUZZ_INCREMENTAL_SIGNING_KEY": "s" * 40}
+    on = {"BUZZ_ARTIFACT_INCREMENTAL_ENABLED": "1", "BUZZ_INCREMENTAL_SIGNING_KEY": "settings-test-" + "s" * 40}
     low = _settings({**on, "BUZZ_INCREMENTAL_RESPONSE_BYTES": str(MIN_RESPONSE_BYTES - 1)})
     assert low.returncode != 0
     assert low.stderr.startswith(

@@ -50,7 +50,7 @@ async def test_one_pass_served_alternately_by_two_nodes(transactional_db: None, 
     assert reader.store.heads() == heads and reader.resets == []
 
     # A node with another signing key refuses the others' cursors and checkpoints.
-    stranger = relay_factory(**env(BUZZ_INCREMENTAL_SIGNING_KEY="x" * 48))
+    stranger = relay_factory(**env(BUZZ_INCREMENTAL_SIGNING_KEY="stranger-key-" + "x" * 48))
     status, first = await post(a, HOST, r, incremental(QUERY))
     assert status == 200 and first["nextCursor"]
     for extra in ({"cursor": first["nextCursor"]}, {"checkpoint": reader.checkpoint}):
