@@ -178,9 +178,13 @@ class SyncSubscription:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sync:{self.sub_id}")
-        actor = self.host.actor
-        if actor is not None and actor.token_expires_at is not None:
-            # The credential's expiry changes the reader's access (rule 9): the sync ends at that instant.
+
+    def _arm_expiry(self) -> None:
+        """The credential's expiry changes the reader's access (rule 9): the sync ends at that instant. Armed
+        once the policy granted the scope, which refuses a token expired already (the database's clock): a
+        new sync on such a connection gets the policy's refusal, not a resync to retry forever."""
+        actor = self._actor()
+        if actor.token_expires_at is not None:
             delay = max(0.0, (actor.token_expires_at - dt.datetime.now(dt.UTC)).total_seconds())
             self._expiry = asyncio.get_running_loop().call_later(delay, self.resync, "the connection's token expired")
 
@@ -244,6 +248,7 @@ class SyncSubscription:
             self._access = await self._read_access()
             if not await self._scope():
                 return
+            self._arm_expiry()
             self._counted = census().register(self._community_id, self._channels)
             if not await self._initial_set():
                 return

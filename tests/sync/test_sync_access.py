@@ -98,6 +98,10 @@ async def test_token_expiry_resyncs_at_the_expiry_instant(world: World, relay_fa
         assert state.eose
         await follow(r, "s", state, lambda s: False, timeout=30.0)
         assert _resync(state), state.closed
+        # A new sync on that connection gets the policy's refusal, never a resync a client would retry forever.
+        for sub in ("again", "and-again"):
+            again = await open_sync(r, sub, {"artifact": "current", "#h": [str(world.a)]})
+            assert not again.eose and again.closed == "restricted: this token is revoked or expired", again.closed
 
 
 async def test_another_members_membership_change_does_not_resync(world: World, relay_factory: Any) -> None:
