@@ -311,9 +311,7 @@ class SyncSubscription:
                 self.end("error: the initial set did not finish within the relay's time budget; start a new sync")
                 return False
             except _Overflow:
-                self.end(
-                    f"error: more than {self._max_events} artifacts match this sync (max_events); narrow the filter"
-                )
+                self.end(self._too_many())
                 return False
             except psycopg.errors.QueryCanceled:
                 self.end("error: the initial set did not finish within the relay's time budget; start a new sync")
@@ -528,6 +526,11 @@ class SyncSubscription:
         if last is not None and head.seq <= last:
             return None  # the head this sync sent already, or (never) an older one: rule 4
         if inside and not head.deleted and self._matches(head):
+            if d not in self._holds and len(self._holds) >= self._max_events:
+                # The set outgrew what a sync serves (max_events bounds it, not only its initial read): a new
+                # sync of this filter would be refused the same way, so none is offered (rule 8).
+                self.end(self._too_many())
+                return None
             self._holds.add(d)
             self._last[d] = head.seq
             return f"{self._prefix}{head.raw}]"
@@ -539,6 +542,9 @@ class SyncSubscription:
             # A deletion, or a head that no longer matches.
             return f"{self._prefix}{head.raw}]"
         return _LEFT
+
+    def _too_many(self) -> str:
+        return f"error: more than {self._max_events} artifacts match this sync (max_events); narrow the filter"
 
     def _matches(self, head: Head) -> bool:
         """artifacts.query.matches, once per head and distinct predicates among the syncs that read it."""

@@ -285,3 +285,25 @@ async def test_no_frame_of_the_initial_set_follows_the_end_of_the_sync(how: str)
     await _turns()
     assert '["EVENT","s",{"stale":1}]' not in host.queued()
     assert drain.done()
+
+
+@pytest.mark.asyncio
+async def test_the_live_set_never_grows_past_max_events(settings: Any) -> None:
+    """max_events is the largest set a sync serves, after EOSE too: the change that would make the set one
+    larger ends the sync with the initial read's refusal, and its head is not sent."""
+    settings.BUZZ_SYNC = {**settings.BUZZ_SYNC, "max_events": 3}
+    host, channel, reader = Host(), uuid.uuid4(), HeldReader()
+    sync = live_sync(host, channel, reader)
+    ds = [str(uuid.uuid4()) for _ in range(4)]
+    for seq, d in enumerate(ds[:3], start=1):
+        sync._changed(d)
+        reader.asked[-1][1](head(d, channel, seq=seq), None)
+    assert len(host.queued()) == 3 and host.closed == []
+    # A new head of a d the set holds already is served at the bound.
+    sync._changed(ds[0])
+    reader.asked[-1][1](head(ds[0], channel, seq=4), None)
+    assert len(host.queued()) == 4 and host.closed == []
+    sync._changed(ds[3])
+    reader.asked[-1][1](head(ds[3], channel, seq=5), None)
+    assert host.closed == ["error: more than 3 artifacts match this sync (max_events); narrow the filter"]
+    assert len(host.queued()) == 4
