@@ -235,7 +235,9 @@ def parse_request(decoded: Any) -> Request:
     digest = query_digest(q)
     checkpoint, cursor = raw.get("checkpoint"), raw.get("cursor")
     for name, token in (("checkpoint", checkpoint), ("cursor", cursor)):
-        if token is not None and (not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS):
+        # Present means a token: a null one is not "none" (a client that lost its checkpoint would be served an
+        # initial read, which never reports removals).
+        if name in raw and (not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS):
             raise invalid(f"{name} must be the opaque string the relay returned", reason="token")
     if "action" in raw:
         if raw["action"] != "current":
@@ -425,7 +427,9 @@ def resume(actor: Actor, request: Request, *, now: dt.datetime, stamp: int) -> P
             raise invalid("malformed cursor", reason="token")
         if payload.get("p") != stamp:
             raise reset(POLICY_CHANGED)
-        if since is not None and now_us - since > lifetime_us:
+        if now_us - start > lifetime_us:
+            # The checkpoint this pass ends with would carry its start: older than a checkpoint lives, it could
+            # only be refused. The window's own start was checked when the pass began (its checkpoint).
             raise reset(CHECKPOINT_EXPIRED)
         return Pass(start=start, since=since, stamp=stamp, after=Position(key[0], key[1], key[2]))
     if request.checkpoint is not None:

@@ -113,7 +113,8 @@ _REFUSAL_CODES: Final = {"auth-required": "auth_required", "restricted": "restri
 def _refusal(err: Refused) -> JsonResponse:
     prefix = err.reason.split(":", 1)[0]
     if prefix == "error":
-        return _incremental_failure(incremental.unavailable(err.reason, "database"))
+        # Authentication's services (the replay guard in Redis, the relay-member lookup), not only the database.
+        return _incremental_failure(incremental.unavailable(err.reason, "service"))
     code = _REFUSAL_CODES.get(prefix)
     if code is None:
         return _incremental_failure(incremental.invalid(err.reason))

@@ -62,6 +62,38 @@ def test_a_checkpoint_lives_exactly_30_days() -> None:
     assert (late.status, late.code, late.reason) == (409, "incremental_reset", "checkpoint_expired")
 
 
+def test_a_cursor_lives_as_long_as_its_pass_start_would_as_a_checkpoint() -> None:
+    lifetime = dt.timedelta(seconds=incremental.CHECKPOINT_LIFETIME_SECONDS)
+    at = incremental.Position(incremental.micros(T0), 0, "x")
+    for since in (None, incremental.micros(T0 - lifetime + dt.timedelta(seconds=1))):
+        # An initial pass (no window start) or a later one whose window began almost 30 days before it.
+        run = incremental.Pass(start=incremental.micros(T0), since=since, stamp=3)
+        cursor = incremental._mint_cursor(_actor(), _request(), run, at)
+        request = _request(cursor=cursor)
+        # Its window start ages past 30 days while the pass runs: the pass goes on.
+        later = incremental.resume(_actor(), request, now=T0 + dt.timedelta(hours=1), stamp=3)
+        assert (later.start, later.since) == (run.start, since)
+        assert incremental.resume(_actor(), request, now=T0 + lifetime, stamp=3).after == at
+        # Its own start past 30 days: the checkpoint it would end with is refused already, so the cursor is.
+        late = _error(
+            lambda r=request: incremental.resume(
+                _actor(), r, now=T0 + lifetime + dt.timedelta(microseconds=1), stamp=3
+            )
+        )
+        assert (late.status, late.code, late.reason) == (409, "incremental_reset", "checkpoint_expired")
+
+
+def test_a_null_checkpoint_or_cursor_is_invalid_not_absent() -> None:
+    for name in ("checkpoint", "cursor"):
+        err = _error(lambda n=name: _request(**{n: None}))
+        assert (err.status, err.code, err.reason) == (400, "incremental_invalid", "token"), name
+    # A current-ID read takes none, null included.
+    ids = ["0b7f1f9e-3c57-4c0e-9d44-4f1d2f3a5b6c"]
+    assert _request(action="current", artifactIds=ids).ids is not None
+    err = _error(lambda: _request(action="current", artifactIds=ids, cursor=None))
+    assert (err.status, err.code, err.reason) == (400, "incremental_invalid", "token")
+
+
 def test_another_stamp_is_policy_changed() -> None:
     err = _error(lambda: incremental.resume(_actor(), _request(checkpoint=_checkpoint()), now=T0, stamp=4))
     assert (err.status, err.code, err.reason) == (409, "incremental_reset", "policy_changed")
