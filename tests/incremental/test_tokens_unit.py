@@ -76,9 +76,7 @@ def test_a_cursor_lives_as_long_as_its_pass_start_would_as_a_checkpoint() -> Non
         assert incremental.resume(_actor(), request, now=T0 + lifetime, stamp=3).after == at
         # Its own start past 30 days: the checkpoint it would end with is refused already, so the cursor is.
         late = _error(
-            lambda r=request: incremental.resume(
-                _actor(), r, now=T0 + lifetime + dt.timedelta(microseconds=1), stamp=3
-            )
+            lambda r=request: incremental.resume(_actor(), r, now=T0 + lifetime + dt.timedelta(microseconds=1), stamp=3)
         )
         assert (late.status, late.code, late.reason) == (409, "incremental_reset", "checkpoint_expired")
 
