@@ -101,13 +101,16 @@ async def group_event(actor: Actor, event: Event) -> WriteResult:
     return result
 
 
-# This very event, stored: a group event the relay accepted is stored in its channel with its own id.
-_ACCEPTED_BEFORE = "SELECT EXISTS (SELECT 1 FROM buzz_storedevent WHERE id = %s AND community_id = %s)"
+# This very event, stored: a group event the relay accepted is stored in its channel with its own id. The row
+# says whether readers get it (a 9005 whose target withholds it is stored withheld).
+_ACCEPTED_BEFORE = "SELECT deleted_at IS NULL FROM buzz_storedevent WHERE id = %s AND community_id = %s"
 
 
 async def _accepted_before(actor: Actor, event: Event) -> bool:
+    """Whether this event was accepted before and may be confirmed as such: a 9005 stored withheld (the
+    redaction of an artifact revision) is not, so that nothing confirms the revision it names."""
     rows = await fetch_all(_ACCEPTED_BEFORE, (event.id, actor.community.id))
-    return bool(rows and rows[0][0])
+    return bool(rows) and (event.kind != KIND_DELETE_EVENT or bool(rows[0][0]))
 
 
 async def _apply_group_event(actor: Actor, event: Event) -> tuple[WriteResult, bool]:
@@ -116,9 +119,10 @@ async def _apply_group_event(actor: Actor, event: Event) -> tuple[WriteResult, b
 
     An event accepted before (a client resending it after a lost OK) is answered duplicate and not applied
     again, before any other check, as a message is: applied again, an old 9001 would remove a member added
-    since, an old 9000 undo a later role change. A 9005 resent meets its stored request in
-    buzz.chat.removals, which answers it."""
-    if event.kind != KIND_DELETE_EVENT and await _accepted_before(actor, event):
+    since, an old 9000 undo a later role change. A 9005 that redacted an artifact revision is stored
+    withheld: resent, it meets its stored request in buzz.chat.removals, which refuses it as the removal of
+    what is gone."""
+    if await _accepted_before(actor, event):
         return WriteResult.accepted("duplicate: already have this event"), False
     # Deleting a message is a message write; membership and metadata changes need channels:write.
     scope = SCOPE_WRITE if event.kind == KIND_DELETE_EVENT else SCOPE_CHANNELS_WRITE

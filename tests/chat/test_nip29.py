@@ -596,7 +596,10 @@ async def test_ws_9005_deletes_messages_for_author_or_manager(crew: Crew, relay_
         await accepted(outsider, foreign)
         meta = (await state_over_req(member, c.open, [39000]))[39000]
 
-        await accepted(member, signed(c.member, 9005, [["e", own["id"]], ["h", ch]]))
+        deletion = signed(c.member, 9005, [["e", own["id"]], ["h", ch]])
+        await accepted(member, deletion)
+        # Sent again after a lost OK: the stored request is confirmed, as any group event's is.
+        assert (await publish(member, deletion))[2:] == [True, "duplicate: already have this event"]
         await rejected(member, signed(c.member, 9005, [["e", foreign["id"]], ["h", ch]]), DELETE_REFUSED)
         await rejected(member, signed(c.member, 9005, [["e", "ab" * 32], ["h", ch]]), DELETE_REFUSED)
         await rejected(admin, signed(c.admin, 9005, [["e", meta["id"]], ["h", ch]]), DELETE_REFUSED)
