@@ -455,12 +455,14 @@ def channel_join(*, community: Community, channel_uuid: uuid.UUID, pubkey: str, 
     """NIP-29 9021: open channels only; a private channel answers like a missing one."""
     with transaction.atomic():
         channel = _lock(community, channel_uuid)
+        if active_membership(channel, pubkey) is not None:
+            # NIP-29: a member's join is answered duplicate:, in a private channel or DM too (a member reads it,
+            # so saying so discloses nothing).
+            raise ChannelError("duplicate: already a member")
         if channel.visibility != Visibility.OPEN or channel.type == ChannelType.DM:
             raise ChannelError("restricted: not a channel member")
         if channel.archived_at is not None:
             raise ChannelError("invalid: channel is archived")
-        if active_membership(channel, pubkey) is not None:
-            raise ChannelError("duplicate: already a member")
         Membership.objects.create(
             channel=channel, pubkey=pubkey, role=ChannelRole.MEMBER, read_mark=_message_count(channel)
         )

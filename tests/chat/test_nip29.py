@@ -532,6 +532,10 @@ async def test_ws_9021_join_and_9022_leave(crew: Crew, relay_factory: Any) -> No
         assert (await owner.auth(c.owner))[2] is True
         assert (await outsider.auth(c.outsider))[2] is True
         await rejected(outsider, signed(c.outsider, 9021, [["h", str(c.private)]]), NOT_A_MEMBER)
+        # A member's join is duplicate:, in a private channel too (NIP-29), never "not a channel member".
+        for channel in (c.private, c.open):
+            join = signed(c.owner, 9021, [["h", str(channel)]])
+            assert (await publish(owner, join))[2:] == [True, "duplicate: already a member"], channel
         await accepted(outsider, signed(c.outsider, 9021, [["h", str(c.open)]]))
         joined = await membership(c.open, c.outsider.pubkey)
         assert joined is not None and joined.removed_at is None and joined.role == "member"
