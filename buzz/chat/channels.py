@@ -369,8 +369,8 @@ def channel_edit(
             if role not in MANAGER_ROLES and not set(changes) <= MEMBER_EDITABLE:
                 raise ChannelError("restricted: only owners and admins edit this metadata")
         was_active = channel.archived_at is None
-        archiving_only = set(changes) == {"archived"}
-        if channel.archived_at is not None and not archiving_only and "archived" not in changes:
+        # An archived channel takes one edit: its archive flag, alone or with the unarchiving it allows.
+        if channel.archived_at is not None and set(changes) != {"archived"} and changes.get("archived") != "false":
             raise ChannelError("invalid: channel is archived")
         access_changed_now = False
         # Listing and TTL change what an incremental read covers (unlisted channels need #h; TTL

@@ -572,6 +572,11 @@ async def test_ws_9002_edits_archives_unarchives_and_changes_visibility(crew: Cr
         assert tag((await state_over_req(member, c.open, [39000]))[39000], "archived") == ["archived", "true"]
         end, _ = await query(member, "m1", {"#h": [ch]})
         assert end[0] == "EOSE"  # an archived channel is still readable
+        # Archived, it takes no other edit, not even beside archived=true; unarchiving may come with one.
+        for edit in ([["name", "Sneaky"]], [["archived", "true"], ["name", "Sneaky"]]):
+            await rejected(owner, signed(c.owner, 9002, [["h", ch], *edit]), "invalid: channel is archived")
+        assert tag((await state_over_req(member, c.open, [39000]))[39000], "name") == ["name", "Renamed"]
+        await accepted(owner, signed(c.owner, 9002, [["h", ch], ["archived", "true"]]))  # changes nothing
         await accepted(owner, signed(c.owner, 9002, [["h", ch], ["archived", "false"]]))
         await accepted(member, message(c.member, ch))
         assert tag((await state_over_req(member, c.open, [39000]))[39000], "archived") is None
