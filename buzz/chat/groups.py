@@ -46,7 +46,11 @@ def _pubkey_tag(event: Event) -> tuple[str, str | None]:
     if tag is None or len(tag) < 2 or not _HEX64.match(tag[1]):
         raise ProtocolError("invalid: a p tag with a 64-hex pubkey is required")
     role = tag[2] if len(tag) >= 3 and tag[2] else None
-    return tag[1], role
+    # The role as NIP-29 writes it (the p tag's third element), or as Buzz clients send it: a role tag.
+    named = _single(event, "role")
+    if named is not None and role is not None and named != role:
+        raise ProtocolError("invalid: the p tag's role and the role tag differ")
+    return tag[1], role or named or None
 
 
 async def _run(fn: Callable[..., Any], **kwargs: Any) -> tuple[WriteResult, Any]:
@@ -66,7 +70,8 @@ def _community(actor: Actor) -> Community:
 
 
 def _create_group(actor: Actor, event: Event, channel: uuid.UUID) -> None:
-    ctype = _single(event, "type") or "stream"
+    # "type", or "channel_type" as Buzz clients send it.
+    ctype = _single(event, "type") or _single(event, "channel_type") or "stream"
     visibility = _single(event, "visibility")
     if visibility is None:
         visibility = "private" if event.first_tag("private") is not None else "open"

@@ -411,6 +411,10 @@ async def test_ws_9007_creates_a_channel_and_its_state(crew: Crew, relay_factory
         assert tag(got[39000], "name") == ["name", "Launch"]
         assert tag(got[39000], "private") is not None
         assert roster(got[39002]) == {c.owner.pubkey: "owner"}
+        # The channel type as Buzz clients send it (channel_type) counts as the type tag.
+        forum = uuid.uuid4()
+        await accepted(owner, signed(c.owner, 9007, [["h", str(forum)], ["name", "Q&A"], ["channel_type", "forum"]]))
+        assert (await channel_row(forum)).type == "forum"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["d-named", "wide"])
@@ -484,6 +488,14 @@ async def test_ws_9000_and_9001_change_membership_by_role(crew: Crew, relay_fact
         await rejected(outsider, message(c.outsider, ch), NOT_A_MEMBER)
         got = await state_over_req(owner, c.private, [39002])
         assert c.outsider.pubkey not in roster(got[39002])
+        # The role as Buzz clients send it, in a role tag, counts as the p tag's; the two may not disagree.
+        await accepted(owner, signed(c.owner, 9000, [["h", ch], ["p", c.outsider.pubkey], ["role", "admin"]]))
+        assert roster((await state_over_req(owner, c.private, [39002]))[39002])[c.outsider.pubkey] == "admin"
+        await rejected(
+            owner,
+            signed(c.owner, 9000, [["h", ch], ["p", c.outsider.pubkey, "member"], ["role", "admin"]]),
+            "invalid: the p tag's role and the role tag differ",
+        )
 
 
 async def test_ws_a_members_9000_naming_an_admin_changes_nothing(crew: Crew, relay_factory: Any) -> None:
