@@ -39,13 +39,14 @@ from buzz.sqlarrays import TextArray, UuidArray
 
 SCOPE_READ = "messages:read"
 SCOPE_WRITE = "messages:write"
+SCOPE_CHANNELS_READ = "channels:read"
 SCOPE_CHANNELS_WRITE = "channels:write"
 SCOPE_ADMIN_CHANNELS = "admin:channels"
 KNOWN_SCOPES = frozenset(
     {
         SCOPE_READ,
         SCOPE_WRITE,
-        "channels:read",
+        SCOPE_CHANNELS_READ,
         SCOPE_CHANNELS_WRITE,
         SCOPE_ADMIN_CHANNELS,
         "users:read",
@@ -53,6 +54,28 @@ KNOWN_SCOPES = frozenset(
         "admin:users",
     }
 )
+
+# The scope an API token needs for each NIP-29 event, as the Buzz relay asks: membership changes by others and
+# a group's deletion are administration, joining and leaving need only channels:read, and deleting a message
+# is a message write (the channel roles are checked after, by the channel services).
+_GROUP_EVENT_SCOPES: Final = {
+    9000: SCOPE_ADMIN_CHANNELS,  # put-user
+    9001: SCOPE_ADMIN_CHANNELS,  # remove-user
+    9002: SCOPE_CHANNELS_WRITE,  # edit-metadata (archiving: see group_event_scope)
+    9005: SCOPE_WRITE,  # delete-event
+    9007: SCOPE_CHANNELS_WRITE,  # create-group
+    9008: SCOPE_ADMIN_CHANNELS,  # delete-group
+    9021: SCOPE_CHANNELS_READ,  # join
+    9022: SCOPE_CHANNELS_READ,  # leave
+}
+
+
+def group_event_scope(event: Event) -> str:
+    """The scope a token needs to send this NIP-29 group event; archiving or unarchiving is administration."""
+    if event.kind == 9002 and event.tag_values("archived"):
+        return SCOPE_ADMIN_CHANNELS
+    return _GROUP_EVENT_SCOPES.get(event.kind, SCOPE_CHANNELS_WRITE)
+
 
 # One text for "no such channel" and "you can't see this channel".
 NOT_A_MEMBER = "restricted: not a channel member"

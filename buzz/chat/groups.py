@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from buzz.access.policy import SCOPE_CHANNELS_WRITE, SCOPE_WRITE, channel_epochs, channel_of, check_manage
+from buzz.access.policy import channel_epochs, channel_of, check_manage, group_event_scope
 from buzz.chat import channels as channel_services
 from buzz.chat.channels import ChannelError
 from buzz.chat.removals import remove_event
@@ -129,9 +129,9 @@ async def _apply_group_event(actor: Actor, event: Event) -> tuple[WriteResult, b
     what is gone."""
     if await _accepted_before(actor, event):
         return WriteResult.accepted("duplicate: already have this event"), False
-    # Deleting a message is a message write; membership and metadata changes need channels:write.
-    scope = SCOPE_WRITE if event.kind == KIND_DELETE_EVENT else SCOPE_CHANNELS_WRITE
-    channel, decision = await check_manage(actor, event, scope=scope, creating=event.kind == KIND_CREATE_GROUP)
+    channel, decision = await check_manage(
+        actor, event, scope=group_event_scope(event), creating=event.kind == KIND_CREATE_GROUP
+    )
     if not decision.ok:
         return WriteResult.rejected(decision.reason), False
     kind = event.kind

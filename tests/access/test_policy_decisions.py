@@ -38,6 +38,7 @@ from buzz.access.policy import (
     decide_manage,
     decide_post,
     decide_read,
+    group_event_scope,
     parse_channel_id,
 )
 from buzz.identity.actor import Actor
@@ -388,3 +389,18 @@ def test_decisions_agree_with_the_reference_oracle(w: World, scope: str, creatin
     assert verdict(decide_read(actor, w.target, access)) == oracle(w, action="read"), (w, actor, access)
     got = verdict(decide_manage(actor, w.target, access, scope=scope, creating=creating))
     assert got == oracle(w, action="manage", scope=scope, creating=creating), (w, scope, creating, actor, access)
+
+
+def test_each_group_event_needs_the_scope_buzz_asks_for() -> None:
+    signer = Signer.generate()
+    h = ["h", str(uuid.uuid4())]
+
+    def scope(kind: int, *tags: list[str]) -> str:
+        return group_event_scope(signer.sign_event(kind=kind, tags=[h, *tags], content=""))
+
+    p = ["p", "ab" * 32]
+    assert scope(9000, p) == scope(9001, p) == scope(9008) == "admin:channels"
+    assert scope(9002, ["name", "x"]) == scope(9007, ["name", "x"]) == "channels:write"
+    assert scope(9002, ["archived", "true"]) == scope(9002, ["archived", "false"], ["name", "x"]) == "admin:channels"
+    assert scope(9021) == scope(9022) == "channels:read"
+    assert scope(9005, ["e", "cd" * 32]) == "messages:write"
