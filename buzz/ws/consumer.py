@@ -11,13 +11,15 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 
 from buzz.identity.tokens import authenticate_bearer
-from buzz.ws.session import Session
+from buzz.web.errors import dependency_failure
+from buzz.ws.session import CLOSE_TRY_AGAIN, Session
 from buzz.ws.transport import FRAMES, SEND_MANY
 
 log = logging.getLogger(__name__)
 
 CLOSE_SEND_TIMEOUT = 30.0
 CLOSE_INTERNAL_ERROR = 1011  # RFC 6455: the server hit a condition it did not expect
+TOKEN_UNCHECKED = "error: could not check the token, try again"  # noqa: S105 - a reason, not a secret
 
 
 class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
@@ -73,7 +75,17 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
         header = _header(self.scope, b"authorization")
         if header is not None:
             # A bearer token on the upgrade authenticates the whole connection; a bad one is refused outright.
-            actor = await authenticate_bearer(community, header)
+            try:
+                actor = await authenticate_bearer(community, header)
+            except Exception as exc:
+                if dependency_failure(exc) is None:
+                    raise
+                # Not a bad token: the database or the pool failed. Said so, with a code that means "try again"
+                # (a refusal before the upgrade is a bare 403, which a client takes for a bad token).
+                log.warning("a bearer token could not be checked (%s: %s)", type(exc).__name__, exc)
+                await self.send({"type": "websocket.accept"})
+                await self.send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN, "reason": TOKEN_UNCHECKED})
+                raise StopConsumer() from None
             if actor is None:
                 await self.send({"type": "websocket.close", "code": 1008})
                 raise StopConsumer()

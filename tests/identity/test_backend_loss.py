@@ -96,3 +96,38 @@ async def test_new_http_requests_and_upgrades_succeed_after_backends_die(alice: 
         await ws_session(relay, ws_host, alice)
         # And the host looked up before the kill still answers (cached or read again).
         assert await get_status(relay, first) == 200
+
+
+async def test_a_bearer_token_the_database_cannot_check_is_try_again_not_a_refusal(
+    transactional_db: None, relay_factory: Any
+) -> None:
+    """A token refused before the upgrade is a bare 403, which a client takes for a bad token. When the lookup
+    itself fails, the upgrade is accepted and closed at once with 1013 (try again later) and an error: reason."""
+    from websockets.exceptions import ConnectionClosed
+
+    from buzz.identity.tokens import token_create
+    from tests.support.relay import limited_role, set_select
+
+    signer = Signer.generate()
+    community = await sync_to_async(community_create)(host="token-lookup.test", name="token lookup")
+    await sync_to_async(member_add)(community=community, pubkey=signer.pubkey)
+    issued = await sync_to_async(token_create)(community=community, pubkey=signer.pubkey, scopes=["messages:read"])
+    bearer = RelayClient.bearer(issued.token)
+    with limited_role() as (url, role):
+        relay = relay_factory(DATABASE_URL=url)
+        async with RelayClient.connect(relay.ws_url, host="token-lookup.test", authorization=bearer) as client:
+            await client.send_json(["REQ", "s", {"kinds": [9]}])
+            assert await client.expect("EOSE", where=lambda m: m[1] == "s") == ["EOSE", "s"]
+        set_select(role, "buzz_apitoken", allowed=False)
+        async with RelayClient.connect(relay.ws_url, host="token-lookup.test", authorization=bearer) as client:
+            with pytest.raises(ConnectionClosed) as closed:
+                await client.recv_json(timeout=10)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+            1013,
+            "error: could not check the token, try again",
+        )
+        set_select(role, "buzz_apitoken", allowed=True)
+        async with RelayClient.connect(relay.ws_url, host="token-lookup.test", authorization=bearer) as client:
+            await client.send_json(["REQ", "s", {"kinds": [9]}])
+            assert await client.expect("EOSE", where=lambda m: m[1] == "s") == ["EOSE", "s"]
