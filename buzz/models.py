@@ -12,7 +12,16 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
+from buzz.nostr.url import normalize_url
+
 HEX64 = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
+
+
+def validate_public_url(value: str) -> None:
+    """A community's public URL: what NIP-42 AUTH names in its relay tag, and whose scheme (wss: https) and host
+    NIP-98 signatures name. Anything else would make every correct client's authentication fail."""
+    if not value.startswith(("ws://", "wss://")) or normalize_url(value, ignore_trailing_slash=True) is None:
+        raise ValidationError("public URL must be a ws:// or wss:// URL with a host, e.g. wss://relay.example.com/")
 
 
 class ClockTimestamp(models.Func):
@@ -161,7 +170,9 @@ class Community(models.Model):
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True, default="")
     public_url = models.CharField(
-        max_length=300, help_text="The ws:// or wss:// URL clients use; NIP-42 AUTH must name it"
+        max_length=300,
+        validators=[validate_public_url],
+        help_text="The ws:// or wss:// URL clients use; NIP-42 AUTH must name it",
     )
     relay_secret = models.CharField(max_length=64, validators=[HEX64], help_text="secp256k1 secret of the relay key")
     relay_pubkey = models.CharField(max_length=64, validators=[HEX64], unique=True)

@@ -17,7 +17,7 @@ from django.db import connection, models, transaction
 
 from buzz.access.changes import access_changed
 from buzz.live import signals
-from buzz.models import AdmissionMode, Community, RelayMember, RelayRole
+from buzz.models import AdmissionMode, Community, RelayMember, RelayRole, validate_public_url
 from buzz.nostr import Signer
 from buzz.orm import orm_call
 from buzz.runtime import fetch_all
@@ -85,8 +85,7 @@ def community_create(
     if owner is not None:
         check_pubkey(owner)
     url = public_url or f"ws://{host}/"
-    if not (url.startswith("ws://") or url.startswith("wss://")):
-        raise ValidationError("public URL must start with ws:// or wss://")
+    validate_public_url(url)
     if Community.objects.filter(host=host).exists():
         raise ValidationError(f"a community for host {host} already exists")
     signer = Signer.generate()

@@ -171,3 +171,25 @@ def test_a_members_pubkey_cannot_be_edited_in_place(admin_client: Client, commun
     assert not RelayMember.objects.filter(pubkey=other).exists()
     # A role change keeps the pubkey admitted: nothing to tell the nodes.
     assert topic.received() == []
+
+
+def test_the_community_page_refuses_a_public_url_no_client_could_authenticate_against(
+    admin_client: Client, community: Community
+) -> None:
+    """NIP-42 AUTH names the public URL and NIP-98 its scheme and host: an https:// one (or none) would make
+    every correct client's authentication fail, with nothing saying why."""
+    before = community.public_url
+    for url in ("https://relay.example/", "wss://", "relay.example"):
+        response = admin_client.post(
+            f"/admin/buzz/community/{community.pk}/change/", _inline_form(community, [], public_url=url)
+        )
+        assert response.status_code == 200, url  # the form again, with its error
+        assert "public URL must be a ws:// or wss:// URL with a host" in response.content.decode(), url
+        community.refresh_from_db()
+        assert community.public_url == before
+    response = admin_client.post(
+        f"/admin/buzz/community/{community.pk}/change/", _inline_form(community, [], public_url="wss://relay.example/")
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    community.refresh_from_db()
+    assert community.public_url == "wss://relay.example/"

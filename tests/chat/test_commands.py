@@ -106,9 +106,10 @@ def test_community_errors_are_clear(host: str) -> None:
     assert fails("community", "create", "--host", "x.test", "--name", "X", "--owner", "nope") == (
         "invalid pubkey 'nope': expected 64 lowercase hex characters"
     )
-    assert fails("community", "create", "--host", "y.test", "--name", "Y", "--public-url", "http://y.test/") == (
-        "public URL must start with ws:// or wss://"
-    )
+    for url in ("http://y.test/", "wss://", "wss://user@y.test/"):
+        assert fails("community", "create", "--host", "y.test", "--name", "Y", "--public-url", url) == (
+            "public URL must be a ws:// or wss:// URL with a host, e.g. wss://relay.example.com/"
+        ), url
     assert fails("community", "create", "--host", "bad host!", "--name", "Z").startswith("invalid host 'bad host!'")
     assert fails("community", "add-member", "--host", "nowhere.test", pk()) == "no community for host nowhere.test"
     assert fails("community", "add-member", "--host", HOST, "ABC") == (
