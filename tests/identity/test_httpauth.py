@@ -2,18 +2,23 @@
 
 buzz.nostr.verify_http_auth accepts the same signed event as often as it is shown
 (tests/nostr/test_nip98.py::test_replay_is_the_callers_job); the replay guard is here, one
-Redis SET NX per (community, event id) shared by every node, against this run's Redis and the
+Redis SET NX per event id shared by every node, against this run's Redis and the
 test database (the admission check reads the relay members).
 """
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
+from django.conf import settings
 from django.test import RequestFactory
 
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo
-from buzz.identity.httpauth import AuthFailure, authenticate
+from buzz.identity.httpauth import REPLAY_CLOCK_SLACK, AuthFailure, authenticate
+from buzz.limits import limits
 from buzz.nostr import Signer
 from buzz.runtime import runtime
 from tests.support.factories import make_community, nip98
@@ -56,3 +61,8 @@ async def accepted_once(community: CommunityInfo, alice: Signer) -> None:
         assert refused.value.reason == USED
     # The guard is per event, not per pubkey: a newly signed authorization for the same request is accepted.
     assert (await attempt(community, nip98(alice, HOST, "GET", PATH))).pubkey == alice.pubkey
+    # It keeps the id while any node could still accept the event: two windows, and slack for a node's clock.
+    event_id = json.loads(base64.b64decode(header.removeprefix("Nostr ")))["id"]
+    left = await runtime.redis().ttl(f"{settings.BUZZ_REDIS_PREFIX}nip98:{event_id}")
+    window = limits().http_auth_window
+    assert 2 * window + REPLAY_CLOCK_SLACK - 5 <= left <= 2 * window + REPLAY_CLOCK_SLACK
