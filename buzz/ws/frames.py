@@ -6,6 +6,7 @@ Every malformed frame becomes a FrameError that carries the exact reply to send
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -89,7 +90,7 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
     try:
         value = strictjson.loads(text)
     except strictjson.DuplicateKey as err:
-        raise notice(err.reason) from None
+        raise _duplicate_key(text, err.reason, limits) from None
     except (ValueError, RecursionError):
         raise notice("invalid: message is not valid JSON") from None
     if not isinstance(value, list) or not value:
@@ -124,6 +125,29 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
 
 EVENT_ARITY: Final = "invalid: EVENT takes exactly one event"
 AUTH_ARITY: Final = "invalid: AUTH takes exactly one event"
+
+
+def _duplicate_key(text: str | bytes, reason: str, limits: FrameLimits) -> FrameError:
+    """The refusal of a message that names a key twice, answered as its verb is: EVENT and AUTH with OK, REQ
+    and COUNT with CLOSED (a REQ's also ends an open subscription of that id), anything else with NOTICE. The
+    verb and ids come from a lenient read of the same text (the last of a repeated key)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return notice(reason)
+    verb = value[0] if isinstance(value, list) and value else None
+    if verb in ("EVENT", "AUTH"):
+        return FrameError(["OK", _id_of(value[1] if len(value) > 1 else None), False, reason])
+    if verb in ("REQ", "COUNT"):
+        try:
+            sub_id = _sub_id(value, limits)
+        except FrameError as refused:
+            return refused
+        answer = closed(sub_id, reason)
+        if verb == "REQ":
+            answer.replacing = sub_id
+        return answer
+    return notice(reason)
 
 
 def _id_of(raw: object) -> str:

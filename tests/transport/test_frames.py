@@ -177,12 +177,20 @@ def test_event_auth_close_count_frames() -> None:
 
 
 def test_an_object_that_names_a_key_twice_is_refused_not_read_one_way() -> None:
-    # json.loads would keep the last value: a narrower filter, or an event other software reads otherwise.
-    for text in (
-        '["REQ", "s", {"#h": ["a"], "#h": ["b"]}]',
-        '["REQ", "s", {"artifact": "current", "#h": ["a"], "#type": ["x"], "#type": ["y"]}]',
-        '["EVENT", {"id": "x", "content": "a", "content": "b"}]',
-        '["COUNT", "c", {"kinds": [9], "kinds": [1]}]',
+    # json.loads would keep the last value: a narrower filter, or an event other software reads otherwise. The
+    # refusal is answered as the verb is: OK for EVENT and AUTH, CLOSED for REQ (which ends an open
+    # subscription of that id) and COUNT, NOTICE for the rest.
+    for text, answer, replacing in (
+        ('["REQ", "s", {"#h": ["a"], "#h": ["b"]}]', ["CLOSED", "s"], "s"),
+        ('["REQ", "t", {"artifact": "current", "#h": ["a"], "#type": ["x"], "#type": ["y"]}]', ["CLOSED", "t"], "t"),
+        ('["EVENT", {"id": "x", "content": "a", "content": "b"}]', ["OK", "x", False], None),
+        ('["AUTH", {"id": "y", "kind": 22242, "kind": 1}]', ["OK", "y", False], None),
+        ('["COUNT", "c", {"kinds": [9], "kinds": [1]}]', ["CLOSED", "c"], None),
+        ('["CLOSE", "s", {"a": 1, "a": 2}]', ["NOTICE"], None),
+        ('{"a": 1, "a": 2}', ["NOTICE"], None),
     ):
-        reply = reply_of(text)
-        assert reply[0] == "NOTICE" and reply[1].startswith("invalid: duplicate key"), (text, reply)
+        with pytest.raises(FrameError) as info:
+            parse_frame(text, LIMITS)
+        reply = info.value.reply
+        assert reply[: len(answer)] == answer and reply[-1].startswith("invalid: duplicate key"), (text, reply)
+        assert info.value.replacing == replacing, text
