@@ -157,7 +157,8 @@ class SyncSubscription:
         self._drain_task: asyncio.Task[None] | None = None
         # d of the client's copy as this sync sent it: "before" of rule 3.
         self._holds: set[str] = set()
-        # d -> seq of the last head sent for it, kept after it leaves the set: never older (rule 4).
+        # d -> seq of the last head sent for it, kept after it leaves the set (until `_forget_left`): never older
+        # (rule 4).
         self._last: dict[str, int] = {}
         # Changed d not read yet, in arrival order (held before EOSE, live after).
         self._pending: dict[str, None] = {}
@@ -538,10 +539,19 @@ class SyncSubscription:
             return None  # in scope neither before nor after: nothing, ever
         self._holds.discard(d)
         self._last[d] = head.seq
+        if len(self._last) > 2 * self._max_events:
+            self._forget_left()
         if inside:
             # A deletion, or a head that no longer matches.
             return f"{self._prefix}{head.raw}]"
         return _LEFT
+
+    def _forget_left(self) -> None:
+        """Bound `_last` (rule 8) by dropping the d that left the set. What it kept for them only guards
+        against an older head, which can't come: this sync reads one head at a time, each from the writer
+        and started after the previous one's answer, so a later read never returns an older head; a head
+        sent again would be the same one, which rule 4 allows."""
+        self._last = {d: seq for d, seq in self._last.items() if d in self._holds}
 
     def _too_many(self) -> str:
         return f"error: more than {self._max_events} artifacts match this sync (max_events); narrow the filter"

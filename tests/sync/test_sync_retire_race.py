@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -307,3 +308,26 @@ async def test_the_live_set_never_grows_past_max_events(settings: Any) -> None:
     reader.asked[-1][1](head(ds[3], channel, seq=5), None)
     assert host.closed == ["error: more than 3 artifacts match this sync (max_events); narrow the filter"]
     assert len(host.queued()) == 4
+
+
+@pytest.mark.asyncio
+async def test_what_a_sync_keeps_of_artifacts_that_left_it_is_bounded(settings: Any) -> None:
+    """A long-lived sync over a busy channel sees many artifacts come and go: what it remembers of those that
+    left stays within a bound of max_events, and what it holds is untouched."""
+    settings.BUZZ_SYNC = {**settings.BUZZ_SYNC, "max_events": 4}
+    host, channel, reader = Host(), uuid.uuid4(), HeldReader()
+    host.outbound.max_messages = 10_000
+    sync = live_sync(host, channel, reader)
+    kept = str(uuid.uuid4())
+    sync._changed(kept)
+    reader.asked[-1][1](head(kept, channel, seq=1), None)
+    seq = 1
+    for _ in range(50):
+        d = str(uuid.uuid4())
+        for deleted in (False, True):  # created, then deleted: in the set, then out of it
+            seq += 1
+            sync._changed(d)
+            gone = replace(head(d, channel, seq=seq), deleted=deleted)
+            reader.asked[-1][1](gone, None)
+    assert host.closed == [] and len(host.queued()) == 101
+    assert sync._holds == {kept} and len(sync._last) <= 2 * 4 + 1 and sync._last[kept] == 1
