@@ -44,11 +44,10 @@ def _request_target(request: HttpRequest) -> str:
     Django's get_full_path() decodes the path and quotes path and query again, so a URL signed as sent
     ("/x?q={a}", "/api/ch/%61bc") would not compare equal to it."""
     scope = getattr(request, "scope", None)
-    raw = scope.get("raw_path") if isinstance(scope, dict) else None
-    if not isinstance(raw, bytes) or not raw:
-        return request.get_full_path()
-    query = scope.get("query_string") or b"" if isinstance(scope, dict) else b""
-    target = raw.decode("latin-1")
+    if not isinstance(scope, dict) or not isinstance(scope.get("raw_path"), bytes) or not scope["raw_path"]:
+        return request.get_full_path()  # not served over ASGI (a test's RequestFactory)
+    query = scope.get("query_string") or b""
+    target = scope["raw_path"].decode("latin-1")
     return f"{target}?{query.decode('latin-1')}" if query else target
 
 
