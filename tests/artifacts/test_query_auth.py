@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from buzz.identity.tokens import token_create, token_revoke
-from buzz.models import Community
+from buzz.models import ApiToken, Community
 from buzz.nostr import Signer
 from tests.artifacts.query_model import Author, Channel, World
 from tests.support.factories import make_channel, make_community, signers
@@ -109,10 +110,13 @@ def _setup() -> tuple[Env, list[int]]:
         "only_o": token_create(community=community, pubkey=alice.pubkey, scopes=read, channels=[str(o)]),
         "revoked": token_create(community=community, pubkey=alice.pubkey, scopes=read),
         "expired": token_create(
-            community=community, pubkey=alice.pubkey, scopes=read, expires_in=dt.timedelta(seconds=-1)
+            community=community, pubkey=alice.pubkey, scopes=read, expires_in=dt.timedelta(hours=1)
         ),
     }
     token_revoke(token_id=issued["revoked"].row.id)
+    # Expired a second ago (token_create takes only a lifetime that is still to come).
+    past = timezone.now() - dt.timedelta(seconds=1)
+    ApiToken.objects.filter(pk=issued["expired"].row.pk).update(expires_at=past)
     tokens = {name: t.token for name, t in issued.items()}
     env = Env(None, w, alice, outsider, tokens, "", "", str(o), str(p))  # type: ignore[arg-type]
     return env, [community.id]
@@ -137,7 +141,12 @@ async def _write(env: Env) -> None:
 def env(django_db_setup: None, django_db_blocker: Any) -> Iterator[Env]:
     with django_db_blocker.unblock():
         Community.objects.filter(host=HOST).delete()
-        data, _ = _setup()
+        try:
+            data, _ = _setup()
+        except BaseException:
+            # Module scope: no test transaction undoes what a failed set-up wrote, and later modules count rows.
+            Community.objects.filter(host=HOST).delete()
+            raise
     data.relay = RelayProcess(env={"BUZZ_WRITES_PER_SECOND": "0"})
     try:
         data.relay.start()
