@@ -393,3 +393,22 @@ def test_relay_admin_reads_what_a_channel_deletion_does_backs_out_then_deletes_a
         ("delete_channel", "admin:root", "spam channel"),
         ("policy_reset", "admin:root", "purge recovery history"),
     ]
+
+
+def test_relay_admin_is_told_why_a_public_url_is_refused_and_the_community_keeps_its_own(
+    relay: RelayProcess, browser_page: tuple[Callable[[], Page], Shot], team: dict[str, Any]
+) -> None:
+    new_page, shot = browser_page
+    make_superuser("root")
+    page = new_page()
+    log_in(page, "root")
+    community = team["community"]
+    page.goto(f"{BASE}/admin/buzz/community/{community.pk}/change/")
+    before = page.input_value("#id_public_url")
+    page.fill("#id_public_url", "https://relay.example/")
+    page.click("input[name=_save]")
+    error = page.locator(".field-public_url .errorlist").inner_text()
+    assert "public URL must be a ws:// or wss:// URL with a host" in error, error
+    shot(page, "public-url-refused")
+    community.refresh_from_db()
+    assert community.public_url == before
