@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http import HttpRequest
 
+from buzz.access.policy import NOT_ADMITTED
 from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, admitted
@@ -92,5 +93,5 @@ async def authenticate(request: HttpRequest, community: CommunityInfo, body: byt
             " sign a new one for each request, e.g. with a nonce tag"
         )
     if not await admitted(community, auth.pubkey):
-        raise AuthFailure("restricted: not a relay member")
+        raise AuthFailure(NOT_ADMITTED)
     return Actor(community=community, pubkey=auth.pubkey)

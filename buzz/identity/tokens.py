@@ -18,7 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from buzz.access.changes import access_changed
-from buzz.access.policy import admitted_sql
+from buzz.access.policy import NOT_ADMITTED, admitted_sql
+from buzz.errors import Refused
 from buzz.identity.actor import Actor
 from buzz.identity.communities import CommunityInfo, check_pubkey
 from buzz.live import signals
@@ -122,14 +123,22 @@ def bearer_lookup(community: CommunityInfo, header: str | None) -> dict[str, Any
     }
 
 
+class HolderNotAdmitted(Refused):
+    """A live token whose holder the community does not admit (a relay member removed since it was issued):
+    refused as NIP-42 and NIP-98 refuse that pubkey, not as an unknown token."""
+
+    def __init__(self) -> None:
+        super().__init__(NOT_ADMITTED)
+
+
 def bearer_actor(community: CommunityInfo, row: Sequence[Any] | None) -> Actor | None:
-    """The actor behind a row of `BEARER_LOOKUP`, or None (no such live token, or its holder isn't admitted)."""
+    """The actor behind a row of `BEARER_LOOKUP`, or None for no such live token. Raises HolderNotAdmitted."""
     if row is None:
         return None
     token_id, pubkey, scopes, channels, expires_at, admitted_now = row
     # A token never admits more than NIP-42 would: members-only communities need a relay member.
     if not admitted_now:
-        return None
+        raise HolderNotAdmitted()
     return Actor(
         community=community,
         pubkey=pubkey,
@@ -141,7 +150,8 @@ def bearer_actor(community: CommunityInfo, row: Sequence[Any] | None) -> Actor |
 
 
 async def authenticate_bearer(community: CommunityInfo, header: str | None) -> Actor | None:
-    """The actor behind `Authorization: Bearer <token>`, or None when the token is unknown, revoked or expired.
+    """The actor behind `Authorization: Bearer <token>`, or None when the token is unknown, revoked or expired;
+    HolderNotAdmitted when its holder is not admitted.
     (A caller that has a connection of its own can send `BEARER_LOOKUP` with its first statements instead.)"""
     params = bearer_lookup(community, header)
     if params is None:

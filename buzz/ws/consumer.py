@@ -10,6 +10,7 @@ from typing import Any
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 
+from buzz.errors import Refused
 from buzz.identity.tokens import authenticate_bearer
 from buzz.web.errors import dependency_failure
 from buzz.ws.session import CLOSE_TRY_AGAIN, Session
@@ -77,6 +78,8 @@ class RelayConsumer(AsyncConsumer):  # type: ignore[misc]
             # A bearer token on the upgrade authenticates the whole connection; a bad one is refused outright.
             try:
                 actor = await authenticate_bearer(community, header)
+            except Refused:
+                actor = None  # its holder is not admitted: refused at the upgrade as a bad token is
             except Exception as exc:
                 if dependency_failure(exc) is None:
                     raise

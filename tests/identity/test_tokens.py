@@ -307,3 +307,24 @@ def test_token_command_refuses_a_lifetime_that_is_zero_or_overflows(desk: Desk) 
     assert not ApiToken.objects.filter(pubkey=desk.eve.pubkey).exists()
     run("token", "create", "--host", HOST, desk.eve.pubkey, "--scope", "messages:read", "--expires-in", "1s")
     assert ApiToken.objects.get(pubkey=desk.eve.pubkey).expires_at is not None
+
+
+async def test_a_token_whose_holder_is_no_longer_a_relay_member_is_refused_as_that_pubkey(
+    desk: Desk, relay_factory: Any
+) -> None:
+    """The token is live, its holder is not admitted: the answer is NIP-98's and NIP-42's for that pubkey,
+    403 restricted:, not 401 auth-required: (re-authenticating with the same token can't help)."""
+    from buzz.identity.communities import member_remove
+
+    relay = relay_factory()
+    token = desk.tokens["rw"][1]
+    auth = RelayClient.bearer(token)
+    assert (await http(relay, "GET", "/api/unread", host=HOST, authorization=auth))[0] == 200
+    await sync_to_async(member_remove)(community=desk.community, pubkey=desk.dana.pubkey)
+    status, body = await http(relay, "GET", "/api/unread", host=HOST, authorization=auth)
+    assert (status, body) == (403, {"error": "restricted: not a relay member"})
+    # The WebSocket upgrade refuses it as it refuses a bad token (nothing is open to answer on).
+    with pytest.raises(InvalidStatus) as refused:
+        async with by_token(relay, token):
+            pass
+    assert refused.value.response.status_code == 403
