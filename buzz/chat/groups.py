@@ -17,12 +17,12 @@ from buzz.chat import channels as channel_services
 from buzz.chat.channels import ChannelError
 from buzz.chat.removals import remove_event
 from buzz.events.ingest import WriteResult, register_kind
+from buzz.events.store import stored_as
 from buzz.identity.actor import Actor
 from buzz.live import signals
 from buzz.models import Community
 from buzz.nostr import Event, ProtocolError
 from buzz.orm import orm_call
-from buzz.runtime import fetch_all
 
 KIND_PUT_USER = 9000
 KIND_REMOVE_USER = 9001
@@ -106,16 +106,12 @@ async def group_event(actor: Actor, event: Event) -> WriteResult:
     return result
 
 
-# This very event, stored: a group event the relay accepted is stored in its channel with its own id. The row
-# says whether readers get it (a 9005 whose target withholds it is stored withheld).
-_ACCEPTED_BEFORE = "SELECT deleted_at IS NULL FROM buzz_storedevent WHERE id = %s AND community_id = %s"
-
-
 async def _accepted_before(actor: Actor, event: Event) -> bool:
-    """Whether this event was accepted before and may be confirmed as such: a 9005 stored withheld (the
-    redaction of an artifact revision) is not, so that nothing confirms the revision it names."""
-    rows = await fetch_all(_ACCEPTED_BEFORE, (event.id, actor.community.id))
-    return bool(rows) and (event.kind != KIND_DELETE_EVENT or bool(rows[0][0]))
+    """Whether this event was accepted before (a group event is stored in its channel with its own id) and may
+    be confirmed as such: a 9005 stored withheld (the redaction of an artifact revision) is not, so that
+    nothing confirms the revision it names."""
+    stored = await stored_as(actor.community.id, event.id)
+    return stored is not None and (event.kind != KIND_DELETE_EVENT or stored)
 
 
 async def _apply_group_event(actor: Actor, event: Event) -> tuple[WriteResult, bool]:
@@ -189,4 +185,5 @@ def register() -> None:
         KIND_JOIN,
         KIND_LEAVE,
     ):
-        register_kind(kind, group_event)
+        # A late, backed-up or throttled retry of an accepted one is still answered duplicate (buzz.events.ingest).
+        register_kind(kind, group_event, already_accepted=_accepted_before)

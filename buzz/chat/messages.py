@@ -36,7 +36,7 @@ from buzz.access.policy import (
 )
 from buzz.chat.counters import message_count_sql
 from buzz.events.ingest import WriteResult, register_kind, root_refusals
-from buzz.events.store import insert_ctes, insert_params
+from buzz.events.store import insert_ctes, insert_params, stored_as
 from buzz.identity.actor import Actor
 from buzz.live import signals
 from buzz.models import MESSAGE_COUNTER_SHARDS
@@ -183,5 +183,12 @@ async def post_message(actor: Actor, event: Event) -> WriteResult:
     return WriteResult.accepted()
 
 
+async def _accepted_before(actor: Actor, event: Event) -> bool:
+    """Whether this message was accepted here (removed since or not: its id still answers duplicate)."""
+    return await stored_as(actor.community.id, event.id) is not None
+
+
 def register() -> None:
-    register_kind(KIND_MESSAGE, post_message)
+    # The statement answers an immediate resubmission itself; a late, backed-up or throttled one is answered
+    # duplicate by buzz.events.ingest with this look-up.
+    register_kind(KIND_MESSAGE, post_message, already_accepted=_accepted_before)

@@ -175,7 +175,7 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
     service = _services.get(event.kind)
     if service is None:
         return event.id, WriteResult.rejected(f"blocked: kind {event.kind} is not accepted by this relay")
-    # The duplicate check runs only on the failure paths (the window, a full publish queue, the quota): a late,
+    # The duplicate check runs only on the failure paths (the window, a full publish queue, the quota, Redis): a late,
     # backed-up or throttled retry of an accepted event is still answered "duplicate:", and an accepted write
     # never pays for the look-up (the services answer resubmissions from their own statements).
     try:
@@ -191,7 +191,8 @@ async def ingest(actor: Actor | None, raw: object) -> tuple[str, WriteResult]:
         allowed = await take_write_token(actor.community.id, actor.pubkey)
     except Exception as exc:
         failures.failed("write quota check", exc)
-        return event.id, WriteResult.rejected("error: could not check the write quota, try again")
+        refused = WriteResult.rejected("error: could not check the write quota, try again")
+        return event.id, await _unless_duplicate(service, actor, event, refused)
     failures.succeeded("write quota check")
     if not allowed:
         refused = WriteResult.rejected("rate-limited: slow down, too many writes from this pubkey")

@@ -24,6 +24,7 @@ from typing import Any
 from django.db import connection
 
 from buzz.nostr import Event, ProtocolError
+from buzz.runtime import fetch_all
 from buzz.sqlarrays import TextArray
 
 # The stored copy's identity: what a resubmission of the same event to the same community collides on.
@@ -116,6 +117,15 @@ def insert_params(key: str, *, community_id: int, event: Event | None, channel: 
 
 
 _STORE = f"WITH {insert_ctes('ins', 'ev')} SELECT count(*) FROM ins"  # noqa: S608
+
+# An event the relay accepted is stored with its own id, withheld or not, for good (`withhold_sync`).
+_STORED = "SELECT deleted_at IS NULL FROM buzz_storedevent WHERE id = %s AND community_id = %s"
+
+
+async def stored_as(community_id: int, event_id: str) -> bool | None:
+    """Whether this event was accepted here: None if never, True if readers get it, False if it is withheld."""
+    rows = await fetch_all(_STORED, (event_id, community_id))
+    return bool(rows[0][0]) if rows else None
 
 
 def store_sync(*, community_id: int, event: Event, channel: uuid.UUID | None) -> bool:

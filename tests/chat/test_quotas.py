@@ -6,6 +6,7 @@ a test: the counts below don't depend on timing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass
@@ -91,3 +92,32 @@ async def test_http_writes_share_the_bucket_and_get_429(room: Room, relay_factor
     status, body = await http(relay, "POST", "/events", host=HOST, signer=room.writer, body=json.dumps(event).encode())
     assert (status, body) == (429, {"event_id": event["id"], "accepted": False, "message": LIMITED})
     assert not await stored(event["id"])
+
+
+async def test_a_throttled_or_late_retry_of_an_accepted_message_or_group_event_is_a_duplicate(
+    room: Room, relay_factory: Any
+) -> None:
+    """A client that lost its OK sends the event again; past the quota (or the created_at window) the retry
+    is still answered OK duplicate:, not refused, and nothing is applied twice."""
+    from tests.support.factories import signed
+
+    relay = relay_factory(**QUOTA, BUZZ_CREATED_AT_PAST="5")
+    async with connect(relay) as writer:
+        assert (await writer.auth(room.writer))[2] is True
+        sent = message(room.writer, room.channel)
+        edit = signed(room.writer, 9002, [["h", str(room.channel)], ["about", "once"]])
+        for event in (sent, edit):
+            assert (await publish(writer, event))[2:] == [True, ""]
+        # The third write spends the burst; the retries come after it.
+        assert (await write(writer, room.writer, room.channel))[0][2] is True
+        assert (await write(writer, room.writer, room.channel))[0][2:] == [False, LIMITED]
+        for event in (sent, edit):
+            assert (await publish(writer, event))[2:] == [True, "duplicate: already accepted"], event["kind"]
+    # Past the created_at window (5 s here), a retry is still the duplicate it is.
+    late = message(room.other, room.channel)
+    relay_open = relay_factory(BUZZ_CREATED_AT_PAST="5", BUZZ_WRITES_PER_SECOND="0")
+    async with connect(relay_open) as other:
+        assert (await other.auth(room.other))[2] is True
+        assert (await publish(other, late))[2] is True
+        await asyncio.sleep(6)
+        assert (await publish(other, late))[2:] == [True, "duplicate: already accepted"]
