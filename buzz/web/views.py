@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_http_methods
 
 from buzz.identity.communities import CommunityInfo
 from buzz.web.nip11 import relay_document
@@ -21,13 +21,16 @@ def _cors(response: HttpResponse) -> HttpResponse:
     # NIP-11: the document must be readable cross-origin.
     response["Access-Control-Allow-Origin"] = "*"
     response["Access-Control-Allow-Headers"] = "*"
-    response["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    response["Access-Control-Allow-Methods"] = "GET, OPTIONS"
     response["Vary"] = "Accept"
     return response
 
 
-@require_GET
+@require_http_methods(["GET", "OPTIONS"])
 def root(request: HttpRequest) -> HttpResponse:
+    if request.method == "OPTIONS":
+        # A browser's preflight for the NIP-11 document: the methods and headers it may use, nothing else.
+        return _cors(HttpResponse(status=204))
     community = community_of(request)
     if NOSTR_JSON in request.headers.get("Accept", ""):
         response: HttpResponse = JsonResponse(relay_document(community), content_type=NOSTR_JSON)

@@ -30,9 +30,11 @@ def keys(transactional_db: None) -> dict[str, Signer]:
     return {"member": member, "outsider": outsider}
 
 
-def http_get(relay: Any, host: str, accept: str | None = None) -> tuple[int, dict[str, str], bytes]:
+def http_get(
+    relay: Any, host: str, accept: str | None = None, method: str = "GET"
+) -> tuple[int, dict[str, str], bytes]:
     headers = {"Host": host, **({"Accept": accept} if accept else {})}
-    req = urllib.request.Request(relay.http_url + "/", headers=headers)  # noqa: S310 - a loopback relay
+    req = urllib.request.Request(relay.http_url + "/", headers=headers, method=method)  # noqa: S310 - loopback
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - a loopback relay
             return resp.status, dict(resp.headers), resp.read()
@@ -210,6 +212,11 @@ async def test_nip11_document(keys: dict[str, Signer], relay_factory: Any) -> No
     status, headers, body = http_get(relay, HOST, accept="application/nostr+json")
     assert status == 200 and headers["content-type"].startswith("application/nostr+json")
     assert headers.get("access-control-allow-origin") == "*"
+    # NIP-11: CORS headers on the document, and a preflight answered with them (only the methods served).
+    assert headers.get("access-control-allow-methods") == "GET, OPTIONS"
+    pre_status, pre_headers, _ = http_get(relay, HOST, accept="application/nostr+json", method="OPTIONS")
+    assert pre_status == 204 and pre_headers.get("access-control-allow-origin") == "*", pre_headers
+    assert pre_headers.get("access-control-allow-methods") == "GET, OPTIONS"
     doc = json.loads(body)
     with psycopg.connect(relay_database_url()) as conn:
         row = conn.execute("SELECT relay_pubkey FROM buzz_community WHERE host = %s", (HOST,)).fetchone()
