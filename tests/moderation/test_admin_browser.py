@@ -127,6 +127,14 @@ def log_in(page: Page, username: str, shot: Shot | None = None) -> None:
     assert page.get_by_role("button", name="Log out").count() == 1
 
 
+def root_page(new_page: Callable[[], Page], shot: Shot | None = None) -> Page:
+    """A new page logged in as the superuser "root", made for it."""
+    make_superuser("root")
+    page = new_page()
+    log_in(page, "root", shot)
+    return page
+
+
 def choose_action(page: Page, action: str, *row_values: str) -> None:
     """Tick the rows whose checkbox value is in `row_values`, pick `action`, press Go."""
     for value in row_values:
@@ -169,9 +177,7 @@ def test_relay_admin_redacts_through_the_confirmation_page_and_the_api_shows_the
     relay: RelayProcess, browser_page: tuple[Callable[[], Page], Shot], team: dict[str, Any]
 ) -> None:
     new_page, shot = browser_page
-    make_superuser("root")
-    page = new_page()
-    log_in(page, "root", shot)
+    page = root_page(new_page, shot)
     index = page.locator("#content-main").inner_text()
     for section in ("Artifacts", "Revisions", "Audit log", "Retention policies", "Channels", "Api tokens", "Bans"):
         assert section in index, section
@@ -236,9 +242,7 @@ def test_relay_admin_archives_a_channel_and_runs_an_expiry_dry_run(
     relay: RelayProcess, browser_page: tuple[Callable[[], Page], Shot], team: dict[str, Any]
 ) -> None:
     new_page, shot = browser_page
-    make_superuser("root")
-    page = new_page()
-    log_in(page, "root")
+    page = root_page(new_page)
     channel = Channel.objects.get(uuid=team["plans"])
 
     page.goto(f"{BASE}/admin/buzz/channel/")
@@ -346,9 +350,7 @@ def test_relay_admin_reads_what_a_channel_deletion_does_backs_out_then_deletes_a
     relay: RelayProcess, browser_page: tuple[Callable[[], Page], Shot], team: dict[str, Any]
 ) -> None:
     new_page, shot = browser_page
-    make_superuser("root")
-    page = new_page()
-    log_in(page, "root")
+    page = root_page(new_page)
     channel = Channel.objects.get(uuid=team["plans"])
 
     # A revision's own page shows its event.
@@ -399,9 +401,7 @@ def test_relay_admin_is_told_why_a_public_url_is_refused_and_the_community_keeps
     relay: RelayProcess, browser_page: tuple[Callable[[], Page], Shot], team: dict[str, Any]
 ) -> None:
     new_page, shot = browser_page
-    make_superuser("root")
-    page = new_page()
-    log_in(page, "root")
+    page = root_page(new_page)
     community = team["community"]
     page.goto(f"{BASE}/admin/buzz/community/{community.pk}/change/")
     before = page.input_value("#id_public_url")
