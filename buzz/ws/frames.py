@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from buzz.nostr import strictjson
 from buzz.nostr.filters import Filter, FilterError, parse_filter
@@ -98,16 +98,10 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
     verb = value[0]
     if not isinstance(verb, str):
         raise notice("invalid: message type must be a string")
-    if verb == "EVENT":
+    if verb in ("EVENT", "AUTH"):
         if len(value) != 2:
-            # NIP-01 answers every EVENT with OK: with its id when the frame carries one.
-            raise FrameError(["OK", _id_of(value[1] if len(value) > 1 else None), False, EVENT_ARITY])
-        return EventFrame(value[1])
-    if verb == "AUTH":
-        if len(value) != 2:
-            # Answered like EVENT (NIP-42: AUTH gets an OK), with the event's id when the frame carries one.
-            raise FrameError(["OK", _id_of(value[1] if len(value) > 1 else None), False, AUTH_ARITY])
-        return AuthFrame(value[1])
+            raise _event_refusal(value, f"invalid: {verb} takes exactly one event")
+        return EventFrame(value[1]) if verb == "EVENT" else AuthFrame(value[1])
     if verb in ("REQ", "COUNT"):
         sub_id = _sub_id(value, limits)
         try:
@@ -123,10 +117,6 @@ def parse_frame(text: str | bytes, limits: FrameLimits) -> Frame:
     raise notice(f"invalid: unknown message type {verb[:32]!r}")
 
 
-EVENT_ARITY: Final = "invalid: EVENT takes exactly one event"
-AUTH_ARITY: Final = "invalid: AUTH takes exactly one event"
-
-
 def _duplicate_key(text: str | bytes, reason: str, limits: FrameLimits) -> FrameError:
     """The refusal of a message that names a key twice, answered as its verb is: EVENT and AUTH with OK, REQ
     and COUNT with CLOSED (a REQ's also ends an open subscription of that id), anything else with NOTICE. The
@@ -137,7 +127,7 @@ def _duplicate_key(text: str | bytes, reason: str, limits: FrameLimits) -> Frame
         return notice(reason)
     verb = value[0] if isinstance(value, list) and value else None
     if verb in ("EVENT", "AUTH"):
-        return FrameError(["OK", _id_of(value[1] if len(value) > 1 else None), False, reason])
+        return _event_refusal(value, reason)
     if verb in ("REQ", "COUNT"):
         try:
             sub_id = _sub_id(value, limits)
@@ -148,6 +138,12 @@ def _duplicate_key(text: str | bytes, reason: str, limits: FrameLimits) -> Frame
             answer.replacing = sub_id
         return answer
     return notice(reason)
+
+
+def _event_refusal(value: list[Any], reason: str) -> FrameError:
+    """NIP-01 answers every EVENT with OK, and NIP-42 every AUTH "like any EVENT": a malformed frame too, with
+    its event's id when it carries one."""
+    return FrameError(["OK", _id_of(value[1] if len(value) > 1 else None), False, reason])
 
 
 def _id_of(raw: object) -> str:
