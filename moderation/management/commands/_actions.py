@@ -19,3 +19,8 @@ class ActionCommand(BaseCommand):
             raise CommandError(str(err)) from None
         except DatabaseError as err:
             raise CommandError(f"database error: {str(err).strip().splitlines()[0]}") from None
+
+
+def count(n: int, one: str, many: str) -> str:
+    """ "1 channel", "2 channels": a number with its noun, for the commands' one-line reports."""
+    return f"{n} {one if n == 1 else many}"

@@ -15,14 +15,10 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from buzz.management.commands._common import actions, community_arg, manage_command
-from moderation.management.commands._actions import ActionCommand
+from moderation.management.commands._actions import ActionCommand, count
 from moderation.services import COMMAND, preview_redact, preview_reset_policy, redact, reset_policy
 
 _EVENT_ID = re.compile(r"^[0-9a-f]{64}\Z")
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
 
 
 class Command(ActionCommand):
@@ -59,16 +55,16 @@ class Command(ActionCommand):
             if not plan.withheld:
                 self._unknown(plan.unknown)
                 raise CommandError("nothing to redact")
-            withheld = _count(len(plan.withheld), "event", "events")
+            withheld = count(len(plan.withheld), "event", "events")
             self.stdout.write(f"redacting in {community.host} would withhold {withheld}:")
             for i in plan.withheld:
                 self.stdout.write(f"  {i}")
-            self.stdout.write(f"and retire {_count(len(plan.retiring), 'artifact', 'artifacts')}:")
+            self.stdout.write(f"and retire {count(len(plan.retiring), 'artifact', 'artifacts')}:")
             for d in plan.retiring:
                 self.stdout.write(f"  d {d}")
             self._unknown(plan.unknown)
             self.stdout.write(
-                f"{_count(plan.open_syncs, 'open sync', 'open syncs')} over their channels"
+                f"{count(plan.open_syncs, 'open sync', 'open syncs')} over their channels"
                 " (each one holding a retiring artifact gets a resync)"
             )
             confirm = manage_command("moderation", "redact", "--host", community.host, "--reason", opts["reason"],
@@ -76,9 +72,9 @@ class Command(ActionCommand):
             raise CommandError(f"nothing redacted; to redact, run:\n  {confirm}")
         done = redact(community, ids, actor=COMMAND, reason=opts["reason"])
         self.stdout.write(
-            f"redacted {_count(len(done.withheld), 'event', 'events')} in {community.host};"
-            f" {_count(len(done.retiring), 'artifact', 'artifacts')} retired;"
-            f" {_count(done.open_syncs, 'open sync', 'open syncs')} over their channels"
+            f"redacted {count(len(done.withheld), 'event', 'events')} in {community.host};"
+            f" {count(len(done.retiring), 'artifact', 'artifacts')} retired;"
+            f" {count(done.open_syncs, 'open sync', 'open syncs')} over their channels"
         )
         for d in done.retiring:
             self.stdout.write(f"  retired d {d}")
@@ -87,7 +83,7 @@ class Command(ActionCommand):
     def _unknown(self, unknown: tuple[str, ...]) -> None:
         if unknown:
             self.stdout.write(
-                f"left out {_count(len(unknown), 'id', 'ids')}: no revision or move removal of this community,"
+                f"left out {count(len(unknown), 'id', 'ids')}: no revision or move removal of this community,"
                 " already withheld, or in a deleted channel:"
             )
             for i in unknown:
@@ -101,8 +97,8 @@ class Command(ActionCommand):
             plan = preview_reset_policy(community)
             self.stdout.write(
                 f"resetting the access policy of {community.host} would refuse every incremental-read checkpoint"
-                f" (409 incremental_reset) and resync {_count(plan.open_syncs, 'open sync', 'open syncs')}"
-                f" over its {_count(len(plan.channels), 'channel', 'channels')}"
+                f" (409 incremental_reset) and resync {count(plan.open_syncs, 'open sync', 'open syncs')}"
+                f" over its {count(len(plan.channels), 'channel', 'channels')}"
             )
             confirm = manage_command("moderation", "reset-policy", "--host", community.host, "--reason",
                                      opts["reason"], "--yes")  # fmt: skip
@@ -110,5 +106,5 @@ class Command(ActionCommand):
         done = reset_policy(community, actor=COMMAND, reason=opts["reason"])
         self.stdout.write(
             f"reset the access policy of {community.host}: {done.detail};"
-            f" {_count(done.open_syncs, 'open sync', 'open syncs')} resync"
+            f" {count(done.open_syncs, 'open sync', 'open syncs')} resync"
         )

@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from buzz.management.commands._common import actions, community_arg, duration_arg
-from moderation.management.commands._actions import ActionCommand
+from moderation.management.commands._actions import ActionCommand, count
 from moderation.services import COMMAND, expire, reap_ttl, set_retention, show_retention
 
 
@@ -23,10 +23,6 @@ def _human(keep: dt.timedelta) -> str:
         if seconds and seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
 
 
 class Command(ActionCommand):
@@ -80,7 +76,7 @@ class Command(ActionCommand):
             return
         verb = "would expire" if plan.dry_run else "expired"
         self.stdout.write(
-            f"{verb} {plan.expired} revisions in {_count(len(plan.communities), 'community', 'communities')}"
+            f"{verb} {plan.expired} revisions in {count(len(plan.communities), 'community', 'communities')}"
             f" ({', '.join(plan.communities)}); kept {plan.kept} older revisions that must stay"
             f" (current heads, move records)"
         )
